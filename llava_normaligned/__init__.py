@@ -1,0 +1,1 @@
+"""llava-normaligned: train, diagnose, publish and serve norm-aligned LLaVA models."""

@@ -1,0 +1,57 @@
+"""``llava-normaligned``: one console script, one subcommand per task.
+
+Each subcommand lives in its own module with a ``main(argv) -> int`` (and a ``make_*parser()`` for ``--help``);
+modules are imported only when their subcommand runs, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, function, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("llava_normaligned.trainer.demo", "main", "CPU demo: the paper's comparison on synthetic images"),
+    "make-data": ("llava_normaligned.trainer.synthetic", "main", "write the synthetic VQA dataset (LLaVA JSON)"),
+    "train": ("llava_normaligned.trainer.train", "main", "train stage 1 or 2 with TRL's SFTTrainer"),
+    "compose": ("llava_normaligned.compose", "compose_main", "build a model from a vision encoder and a causal LM"),
+    "convert": ("llava_normaligned.compose", "convert_main", "turn a stock LLaVA checkpoint into a norm-aligned one"),
+    "generate": ("llava_normaligned.inference", "main", "answer prompts about images (full precision, 4/8-bit)"),
+    "diagnose": ("llava_normaligned.diagnostics", "main", "norm-gap diagnostics: the paper's probes, the blog's tests"),
+    "eval": ("llava_normaligned.evaluation", "main", "score a model on the paper's benchmarks"),
+    "card": ("llava_normaligned.hub_cards.card", "main", "render the model card of a checkpoint folder"),
+    "push": ("llava_normaligned.hub_cards.push", "push_main", "check a folder is self-contained, then push it"),
+    "pull": ("llava_normaligned.hub_cards.push", "pull_main", "download a checkpoint from the Hub"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: llava-normaligned <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, _, text) in COMMANDS.items()]
+    lines += ["", "Run `llava-normaligned <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from importlib.metadata import version
+
+        print(version("llava-normaligned"))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"llava-normaligned: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, function, _ = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    result = getattr(module, function)(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,412 @@
+"""Build norm-aligned LLaVA models: compose one from a vision encoder and a causal LM, or convert a stock LLaVA.
+
+    llava-normaligned compose --vision-model google/siglip-so400m-patch14-384 \
+        --text-model meta-llama/Llama-3.2-3B-Instruct --output-dir ./llava-na-3b
+    llava-normaligned convert --from-llava llava-hf/llava-1.5-7b-hf --output-dir ./llava-1.5-7b-na
+
+Both write a folder that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` (and with
+``trust_remote_code=True`` where this package is not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from contextlib import contextmanager
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoProcessor,
+    AutoTokenizer,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+)
+
+from modeling_llava_normaligned import (
+    LlavaNormAlignedConfig,
+    LlavaNormAlignedForConditionalGeneration,
+    text_embedding_norm_target,
+)
+
+from .tiny import IMAGE_TOKEN
+
+logger = logging.getLogger(__name__)
+
+# Vision encoders whose last hidden state has no CLS token (LLaVA's "full" strategy).
+NO_CLS_VISION_TYPES = {"siglip_vision_model"}
+CLS_VISION_TYPES = {"clip_vision_model"}
+NORM_FIELDS = ("projector_norm", "norm_init", "gradient_compensation", "gradient_compensation_min")
+
+# Wraps a text-only chat template so that list content ({"type": "image"} / {"type": "text"} parts, as processors
+# and TRL pass it) is rendered as plain text with the image token where each image goes.
+MULTIMODAL_CONTENT_PREAMBLE = (
+    "{%- set _mm = namespace(messages=[]) -%}"
+    "{%- for _m in messages -%}"
+    "{%- if _m['content'] is string or _m['content'] is none -%}{%- set _mm.messages = _mm.messages + [_m] -%}"
+    "{%- else -%}{%- set _t = namespace(text='') -%}"
+    "{%- for _p in _m['content'] -%}"
+    "{%- if _p['type'] == 'image' -%}{%- set _t.text = _t.text + '" + IMAGE_TOKEN + "\\n' -%}"
+    "{%- elif _p['type'] == 'text' -%}{%- set _t.text = _t.text + _p['text'] -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- set _mm.messages = _mm.messages + [{'role': _m['role'], 'content': _t.text}] -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- set messages = _mm.messages -%}"
+)
+
+
+@contextmanager
+def _meta_device():
+    with torch.device("meta"):
+        yield
+
+
+def _adopt(dst: torch.nn.Module, src: torch.nn.Module, what: str) -> None:
+    """Make ``dst`` use ``src``'s parameters and buffers (same names, same shapes): no copy, no re-initialisation."""
+    src_state = dict(src.named_parameters())
+    src_state.update(dict(src.named_buffers()))
+    dst_names = {n for n, _ in dst.named_parameters()} | {n for n, _ in dst.named_buffers()}
+    missing = sorted(dst_names - set(src_state))
+    unexpected = sorted(set(src_state) - dst_names)
+    if missing or unexpected:
+        raise ValueError(
+            f"{what}: its weights do not match the architecture built from its config "
+            f"(missing: {missing[:8]}{'...' if len(missing) > 8 else ''}; "
+            f"unexpected: {unexpected[:8]}{'...' if len(unexpected) > 8 else ''})"
+        )
+    for name, tensor in src_state.items():
+        owner_name, _, leaf = name.rpartition(".")
+        owner = dst.get_submodule(owner_name) if owner_name else dst
+        if leaf in owner._parameters:
+            expected = owner._parameters[leaf].shape
+            if tensor.shape != expected:
+                raise ValueError(f"{what}: weight {name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
+            owner._parameters[leaf] = tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor)
+        else:
+            owner._buffers[leaf] = tensor
+
+
+def _vision_parts(vision_model: str, revision: str | None, dtype, trust_remote_code: bool):
+    """Load the vision encoder's config and weights; return (vision_config, vision module with those weights)."""
+    config = AutoConfig.from_pretrained(vision_model, revision=revision, trust_remote_code=trust_remote_code)
+    if config.model_type == "siglip2" or config.model_type == "siglip2_vision_model":
+        raise ValueError(
+            f"vision model {vision_model!r} is a NaFlex SigLIP2 (variable resolution), which LLaVA's fixed patch grid "
+            "cannot take; use a fixed-resolution SigLIP2 checkpoint (e.g. google/siglip2-so400m-patch14-384, whose "
+            "model_type is 'siglip')"
+        )
+    source = AutoModel.from_pretrained(
+        vision_model, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code
+    )
+    vision_config = getattr(config, "vision_config", None) or config
+    if getattr(source, "vision_model", None) is not None and hasattr(config, "vision_config"):
+        # A dual encoder (CLIPModel, SiglipModel): keep its vision half. The LLaVA tower is the *VisionModel
+        # wrapper, whose weights are those of `vision_model.*`.
+        tower = AutoModel.from_config(vision_config)
+        state = {k: v for k, v in source.state_dict().items() if k.startswith("vision_model.")}
+        tower.load_state_dict(state, strict=True, assign=True)
+        tower.to(dtype or torch.float32)
+        return vision_config, tower
+    return vision_config, source
+
+
+def _select_strategy(vision_config) -> tuple[str, int]:
+    """LLaVA's feature select strategy and the number of extra (CLS) tokens of a vision encoder."""
+    if vision_config.model_type in NO_CLS_VISION_TYPES:
+        return "full", 0
+    if vision_config.model_type in CLS_VISION_TYPES:
+        return "default", 1
+    logger.warning(
+        "vision encoder type %r is not one this package knows; assuming a CLS token ('default' strategy)",
+        vision_config.model_type,
+    )
+    return "default", 1
+
+
+def multimodal_chat_template(template: str | None, tokenizer) -> str | None:
+    """The LM's chat template, made to accept image parts. Returned unchanged when it already renders them."""
+    if not template:
+        return None
+    probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hello"}]}]
+    try:
+        rendered = tokenizer.apply_chat_template(probe, chat_template=template, tokenize=False)
+    except Exception:  # a template that indexes content as a string fails on parts
+        rendered = ""
+    if IMAGE_TOKEN in rendered and "hello" in rendered:
+        return template
+    return MULTIMODAL_CONTENT_PREAMBLE + template
+
+
+def compose(
+    vision_model: str,
+    text_model: str,
+    *,
+    projector_norm: str | None = "layernorm",
+    norm_init: str = "target",
+    gradient_compensation: bool = True,
+    gradient_compensation_min: float = 1e-3,
+    vision_feature_layer: int = -2,
+    vision_feature_select_strategy: str | None = None,
+    projector_hidden_act: str = "gelu",
+    dtype: torch.dtype | None = None,
+    revision: str | None = None,
+    text_revision: str | None = None,
+    trust_remote_code: bool = False,
+    seed: int = 42,
+):
+    """Build a norm-aligned LLaVA from a vision encoder and a causal LM, both with their pretrained weights.
+
+    LLaVA-1.5 defaults: a 2-layer GELU MLP projector, features of the penultimate vision layer, the select strategy
+    the encoder needs (SigLIP has no CLS token). T, the mean norm of the LM's non-zero text-embedding rows, is
+    computed before the image token is added and stored in the config (paper §5.1). Returns (model, processor).
+    """
+    vision_config, vision_tower = _vision_parts(vision_model, revision, dtype, trust_remote_code)
+    strategy, n_extra = _select_strategy(vision_config)
+    strategy = vision_feature_select_strategy or strategy
+
+    llm = AutoModelForCausalLM.from_pretrained(
+        text_model, revision=text_revision, dtype=dtype, trust_remote_code=trust_remote_code
+    )
+    embeddings = llm.get_input_embeddings()
+    if embeddings is None or getattr(embeddings, "weight", None) is None:
+        raise ValueError(f"text model {text_model!r} has no input embeddings (get_input_embeddings() is None)")
+    norm_target = text_embedding_norm_target(embeddings.weight)  # raises if every row is zero
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        text_model,
+        revision=text_revision,
+        trust_remote_code=trust_remote_code,
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+    )
+    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    if tokenizer.pad_token is None:  # batched generation and training need one; Llama 3 ships none
+        tokenizer.pad_token = tokenizer.eos_token
+    image_size, patch_size = vision_config.image_size, vision_config.patch_size
+
+    config = LlavaNormAlignedConfig(
+        vision_config=vision_config.to_dict(),
+        text_config=llm.config.to_dict(),
+        image_token_index=image_token_id,
+        image_seq_length=(image_size // patch_size) ** 2,
+        projector_hidden_act=projector_hidden_act,
+        vision_feature_select_strategy=strategy,
+        vision_feature_layer=vision_feature_layer,
+        projector_norm=projector_norm,
+        norm_target=norm_target,
+        norm_init=norm_init,
+        gradient_compensation=gradient_compensation,
+        gradient_compensation_min=gradient_compensation_min,
+        tie_word_embeddings=bool(getattr(llm.config, "tie_word_embeddings", False)),
+    )
+    with _meta_device():
+        model = LlavaNormAlignedForConditionalGeneration(config)
+    _adopt(model.model.vision_tower, vision_tower, f"vision model {vision_model!r}")
+    _adopt(model.model.language_model, llm.base_model, f"text model {text_model!r}")
+    if not config.tie_word_embeddings:
+        _adopt(model.lm_head, llm.get_output_embeddings(), f"text model {text_model!r} (lm_head)")
+    # The projector is the only new part: materialise and initialise it (LLaVA init; gain T / sqrt(D)).
+    param_dtype = next(vision_tower.parameters()).dtype
+    model.model.multi_modal_projector.to_empty(device="cpu").to(param_dtype)
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    for module in model.model.multi_modal_projector.modules():
+        model._init_weights(module)
+    torch.random.set_rng_state(generator_state)
+    model.tie_weights()
+    if image_token_id >= model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    model.config.text_config.vocab_size = model.get_input_embeddings().weight.shape[0]
+    model.generation_config = llm.generation_config
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.eval()
+
+    image_processor = AutoImageProcessor.from_pretrained(vision_model, revision=revision)
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy=strategy,
+        num_additional_image_tokens=n_extra,
+        chat_template=multimodal_chat_template(tokenizer.chat_template, tokenizer),
+    )
+    return model, processor
+
+
+def _missing_weight_error(source: str, missing: list[str]) -> ValueError:
+    shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
+    return ValueError(
+        f"checkpoint {source!r} is missing weights: {shown}. Refusing to convert, since they would be randomly "
+        "re-initialised."
+    )
+
+
+def convert_from_llava(
+    source: str,
+    *,
+    projector_norm: str | None = "layernorm",
+    norm_init: str = "target",
+    gradient_compensation: bool = True,
+    gradient_compensation_min: float = 1e-3,
+    dtype: torch.dtype | None = None,
+    revision: str | None = None,
+):
+    """Turn a stock ``LlavaForConditionalGeneration`` checkpoint (legacy or current key layout) into a norm-aligned
+    one. Every stock weight must be present; only the new norm is initialised. Returns (model, processor)."""
+    stock, info = LlavaForConditionalGeneration.from_pretrained(
+        source, revision=revision, dtype=dtype, output_loading_info=True
+    )
+    problems = sorted(set(info.get("missing_keys", ())) | set(info.get("mismatched_keys", ()) or ()))
+    if problems:
+        raise _missing_weight_error(source, [str(p) for p in problems])
+    stock_config = stock.config.to_dict()
+    for key in ("model_type", "architectures", "auto_map", "transformers_version"):
+        stock_config.pop(key, None)
+    config = LlavaNormAlignedConfig(
+        **stock_config,
+        projector_norm=projector_norm,
+        norm_target=text_embedding_norm_target(stock.get_input_embeddings().weight),
+        norm_init=norm_init,
+        gradient_compensation=gradient_compensation,
+        gradient_compensation_min=gradient_compensation_min,
+    )
+    with _meta_device():
+        model = LlavaNormAlignedForConditionalGeneration(config)
+    _adopt(model.model.vision_tower, stock.model.vision_tower, f"{source} (vision tower)")
+    _adopt(model.model.language_model, stock.model.language_model, f"{source} (language model)")
+    if not config.tie_word_embeddings:
+        _adopt(model.lm_head, stock.lm_head, f"{source} (lm_head)")
+    projector = model.model.multi_modal_projector
+    stock_projector_params = dict(stock.model.multi_modal_projector.named_parameters())
+    projector.to_empty(device="cpu").to(next(stock.parameters()).dtype)
+    with torch.no_grad():
+        for name, param in projector.named_parameters():
+            if name.startswith("norm."):
+                continue
+            if name not in stock_projector_params:
+                raise _missing_weight_error(source, [f"model.multi_modal_projector.{name}"])
+            param.copy_(stock_projector_params[name])
+    if projector.norm is not None:
+        model._init_weights(projector.norm)
+    model.tie_weights()
+    model.generation_config = stock.generation_config
+    model.eval()
+    processor = AutoProcessor.from_pretrained(source, revision=revision)
+    return model, processor
+
+
+def save(model, processor, output_dir: str) -> None:
+    """Write model (safetensors + remote code) and processor to ``output_dir``."""
+    os.makedirs(output_dir, exist_ok=True)
+    model.save_pretrained(output_dir)
+    processor.save_pretrained(output_dir)
+
+
+# ----------------------------------------------------------------------------------------------------------- CLI
+
+
+def _dtype(name: str | None):
+    if name in (None, "auto"):
+        return None
+    try:
+        return getattr(torch, name) if isinstance(getattr(torch, name), torch.dtype) else None
+    except AttributeError:
+        raise argparse.ArgumentTypeError(f"--dtype: unknown torch dtype {name!r}") from None
+
+
+def _add_norm_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("projector norm (the paper's ablation, Tables 4-5)")
+    group.add_argument(
+        "--projector-norm", choices=["layernorm", "none"], default="layernorm",
+        help="'none' gives exactly stock LLaVA (paper: w/o Norm)",
+    )
+    group.add_argument(
+        "--norm-init", choices=["target", "default"], default="target",
+        help="'target': gain T/sqrt(D) (paper §5.1); 'default': gain 1 (paper Table 5)",
+    )
+    group.add_argument(
+        "--no-gradient-compensation", dest="gradient_compensation", action="store_false",
+        help="turn Global Weight Compensation off",
+    )
+    group.add_argument("--gradient-compensation-min", type=float, default=1e-3, help="GWC clamp (default 1e-3)")
+    parser.add_argument("--dtype", default=None, help="torch dtype to load and save in (default: as stored)")
+    parser.add_argument("--output-dir", required=True, help="folder to write the model and processor to")
+
+
+def _norm_kwargs(args) -> dict:
+    return dict(
+        projector_norm=None if args.projector_norm == "none" else args.projector_norm,
+        norm_init=args.norm_init,
+        gradient_compensation=args.gradient_compensation,
+        gradient_compensation_min=args.gradient_compensation_min,
+    )
+
+
+def make_compose_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llava-normaligned compose",
+        description="Build a norm-aligned LLaVA from a vision encoder (SigLIP, SigLIP2, CLIP) and a causal LM "
+        "(Llama, Qwen2/2.5/3, SmolLM), with the pretrained weights of both.",
+    )
+    parser.add_argument("--vision-model", required=True, help="Hub id or folder of the vision encoder")
+    parser.add_argument("--text-model", required=True, help="Hub id or folder of the causal LM")
+    parser.add_argument("--vision-revision", default=None)
+    parser.add_argument("--text-revision", default=None)
+    parser.add_argument("--vision-feature-layer", type=int, default=-2, help="default -2 (LLaVA-1.5)")
+    parser.add_argument("--trust-remote-code", action="store_true")
+    _add_norm_options(parser)
+    return parser
+
+
+def make_convert_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llava-normaligned convert",
+        description="Turn a stock LlavaForConditionalGeneration checkpoint into a norm-aligned one.",
+    )
+    parser.add_argument("--from-llava", required=True, help="Hub id or folder of a stock LLaVA checkpoint")
+    parser.add_argument("--revision", default=None)
+    _add_norm_options(parser)
+    return parser
+
+
+def compose_main(argv: list[str] | None = None) -> int:
+    args = make_compose_parser().parse_args(argv)
+    model, processor = compose(
+        args.vision_model,
+        args.text_model,
+        vision_feature_layer=args.vision_feature_layer,
+        dtype=_dtype(args.dtype),
+        revision=args.vision_revision,
+        text_revision=args.text_revision,
+        trust_remote_code=args.trust_remote_code,
+        **_norm_kwargs(args),
+    )
+    save(model, processor, args.output_dir)
+    _report(model, args.output_dir)
+    return 0
+
+
+def convert_main(argv: list[str] | None = None) -> int:
+    args = make_convert_parser().parse_args(argv)
+    model, processor = convert_from_llava(
+        args.from_llava, dtype=_dtype(args.dtype), revision=args.revision, **_norm_kwargs(args)
+    )
+    save(model, processor, args.output_dir)
+    _report(model, args.output_dir)
+    return 0
+
+
+def _report(model, output_dir: str) -> None:
+    cfg = model.config
+    norm = model.model.multi_modal_projector.norm
+    gain = "n/a" if norm is None else f"{float(norm.weight.float().abs().mean()):.5f}"
+    print(
+        f"wrote {output_dir}: projector_norm={cfg.projector_norm} norm_init={cfg.norm_init} "
+        f"T={cfg.norm_target:.4f} D={cfg.text_config.hidden_size} mean|gain|={gain} "
+        f"GWC={cfg.gradient_compensation} image tokens/image={cfg.image_seq_length}"
+    )

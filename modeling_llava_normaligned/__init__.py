@@ -1,0 +1,50 @@
+"""The norm-aligned LLaVA model as a transformers model.
+
+Importing this package registers the model with ``AutoConfig``, ``AutoModel`` and ``AutoModelForImageTextToText``
+(in this process) and marks the classes so that ``save_pretrained`` copies the configuration and modeling files
+next to the weights, which is what lets a saved folder load with ``trust_remote_code=True`` where this package is
+not installed. Only the two sibling files travel to the Hub; this ``__init__`` is the installed package's glue.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText
+
+from .configuration_llava_normaligned import AUTO_MAP, LlavaNormAlignedConfig
+from .modeling_llava_normaligned import (
+    LlavaNormAlignedForConditionalGeneration,
+    LlavaNormAlignedModel,
+    LlavaNormAlignedPreTrainedModel,
+    NormAlignedLayerNorm,
+    norm_gain_init,
+    text_embedding_norm_target,
+)
+
+# The files that make up the remote code of a checkpoint.
+REMOTE_CODE_FILES = ("configuration_llava_normaligned.py", "modeling_llava_normaligned.py")
+
+
+def register_auto_classes() -> None:
+    """Register the config and models with the Auto classes (idempotent)."""
+    AutoConfig.register(LlavaNormAlignedConfig.model_type, LlavaNormAlignedConfig, exist_ok=True)
+    AutoModel.register(LlavaNormAlignedConfig, LlavaNormAlignedModel, exist_ok=True)
+    AutoModelForImageTextToText.register(
+        LlavaNormAlignedConfig, LlavaNormAlignedForConditionalGeneration, exist_ok=True
+    )
+    LlavaNormAlignedConfig.register_for_auto_class()
+    LlavaNormAlignedModel.register_for_auto_class("AutoModel")
+    LlavaNormAlignedForConditionalGeneration.register_for_auto_class("AutoModelForImageTextToText")
+
+
+register_auto_classes()
+
+__all__ = [
+    "AUTO_MAP",
+    "REMOTE_CODE_FILES",
+    "LlavaNormAlignedConfig",
+    "LlavaNormAlignedForConditionalGeneration",
+    "LlavaNormAlignedModel",
+    "LlavaNormAlignedPreTrainedModel",
+    "NormAlignedLayerNorm",
+    "norm_gain_init",
+    "register_auto_classes",
+    "text_embedding_norm_target",
+]

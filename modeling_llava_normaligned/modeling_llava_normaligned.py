@@ -1,0 +1,179 @@
+"""The norm-aligned LLaVA model (Li et al., "The Unseen Bias", arXiv 2512.08374, §5.1).
+
+Stock transformers LLaVA with one change: a LayerNorm after the visual projector whose gain starts at T / sqrt(D)
+(T: mean L2 norm of the LLM's text-embedding rows, D: LLM width), so that vision tokens enter the LLM with the norm
+of text tokens, and a backward rule, Global Weight Compensation (GWC), that keeps the tiny gain from starving the
+projector and vision encoder of gradient.
+
+The norm lives in ``model.multi_modal_projector.norm``, inside the base model, because trainers (TRL's SFT trainer)
+call the base model directly. This file is pushed to the Hub with every checkpoint: it imports torch, transformers
+and its sibling configuration file only.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel
+from transformers import initialization as init
+from transformers.models.llava.modeling_llava import (
+    LlavaForConditionalGeneration,
+    LlavaModel,
+    LlavaMultiModalProjector,
+    LlavaPreTrainedModel,
+)
+
+from .configuration_llava_normaligned import LlavaNormAlignedConfig
+
+# paper §5.1: T is the mean norm over rows with ||w|| > eps (padding and never-trained rows are often exactly zero)
+TEXT_NORM_EPS = 1e-6
+
+
+@torch.no_grad()
+def text_embedding_norm_target(embedding_weight: torch.Tensor, eps: float = TEXT_NORM_EPS) -> float:
+    """T: the mean L2 norm of the embedding rows whose norm exceeds ``eps`` (paper §5.1)."""
+    if embedding_weight is None or embedding_weight.ndim != 2 or embedding_weight.numel() == 0:
+        raise ValueError("text embeddings: expected a non-empty (vocab_size, hidden_size) matrix to compute T from")
+    if embedding_weight.device.type == "meta":
+        raise ValueError("text embeddings are on the meta device (not loaded): cannot compute T from them")
+    norms = embedding_weight.detach().float().norm(dim=-1)  # (V,)
+    kept = norms[norms > eps]
+    if kept.numel() == 0:
+        raise ValueError(f"text embeddings: every row has L2 norm <= {eps}; T (paper §5.1) is undefined")
+    return float(kept.mean())
+
+
+def norm_gain_init(config: LlavaNormAlignedConfig) -> float:
+    """The initial gain of the projector norm: T / sqrt(D) (paper §5.1) or 1 (paper Table 5, "Default Init")."""
+    if config.norm_init == "default":
+        return 1.0
+    if config.norm_target is None:
+        raise ValueError("norm_target (T) is not set: compose the model with `compose` or pass norm_target=")
+    return config.norm_target / math.sqrt(config.text_config.hidden_size)
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; backward multiplies the incoming gradient by ``scale`` (a 0-d tensor, no gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(scale)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (scale,) = ctx.saved_tensors
+        return grad_output * scale.to(grad_output.dtype), None
+
+
+class NormAlignedLayerNorm(nn.LayerNorm):
+    """LayerNorm with Global Weight Compensation (paper §5.1 and Appendix D).
+
+    y = (x - mean) / sqrt(var + eps) * g + b. With compensation on, the gradient w.r.t. the normalized tensor x_hat,
+    (dL/dy * g), is multiplied by 1 / clamp(mean|g|, min). The map x -> x_hat is linear in that gradient, so scaling
+    the gradient at the input x is the same thing and lets the fused layer_norm kernel do the work; the gain's and
+    bias's own gradients (dL/dy * x_hat, dL/dy) are untouched.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, compensation: bool = True, compensation_min: float = 1e-3):
+        super().__init__(hidden_size, eps=eps)
+        self.compensation = compensation
+        self.compensation_min = compensation_min
+
+    def compensation_factor(self) -> torch.Tensor:
+        """1 / clamp(mean |g|, min): the GWC factor for the current gain (a 0-d float32 tensor)."""
+        return self.weight.detach().float().abs().mean().clamp_min(self.compensation_min).reciprocal()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        if self.compensation and torch.is_grad_enabled() and hidden_states.requires_grad:
+            hidden_states = _ScaleGradient.apply(hidden_states, self.compensation_factor())
+        return F.layer_norm(hidden_states, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, compensation={self.compensation}, compensation_min={self.compensation_min}"
+
+
+class LlavaNormAlignedProjector(LlavaMultiModalProjector):
+    """LLaVA-1.5's 2-layer MLP projector (same parameter names), then the aligned LayerNorm when configured."""
+
+    def __init__(self, config: LlavaNormAlignedConfig):
+        super().__init__(config)
+        if config.projector_norm == "layernorm":
+            self.norm = NormAlignedLayerNorm(
+                config.text_config.hidden_size,
+                compensation=config.gradient_compensation,
+                compensation_min=config.gradient_compensation_min,
+            )
+        else:  # paper "w/o Norm": exactly the stock projector
+            self.norm = None
+
+    def forward(self, image_features: torch.Tensor) -> torch.Tensor:  # (B, N, D_vision) -> (B, N, D_text)
+        hidden_states = super().forward(image_features)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        return hidden_states
+
+
+class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
+    config_class = LlavaNormAlignedConfig
+    config: LlavaNormAlignedConfig
+
+    def _init_weights(self, module):
+        if isinstance(module, NormAlignedLayerNorm):
+            # The base init sets every *LayerNorm* gain to 1; the aligned gain is T / sqrt(D) (paper §5.1).
+            gain = norm_gain_init(self.config) if self.config.norm_target is not None else 1.0
+            init.constant_(module.weight, gain)
+            init.zeros_(module.bias)
+            return
+        super()._init_weights(module)
+
+    @torch.no_grad()
+    def initialize_weights(self):
+        norm = self._projector_norm()
+        norm_was_set = norm is not None and getattr(norm.weight, "_is_hf_initialized", False)
+        super().initialize_weights()
+        if norm is None or norm_was_set or self.config.norm_target is not None:
+            return
+        # T was not given: take it from the embeddings, which are initialised (or loaded) by now.
+        embeddings = self.get_input_embeddings().weight
+        if embeddings.device.type == "meta":
+            return
+        self.config.norm_target = text_embedding_norm_target(embeddings)
+        norm.weight.fill_(norm_gain_init(self.config))
+        norm.bias.zero_()
+
+    def _projector_norm(self) -> NormAlignedLayerNorm | None:
+        base = self if isinstance(self, LlavaNormAlignedModel) else getattr(self, self.base_model_prefix, None)
+        projector = getattr(base, "multi_modal_projector", None)
+        return getattr(projector, "norm", None)
+
+
+class LlavaNormAlignedModel(LlavaNormAlignedPreTrainedModel, LlavaModel):
+    """LLaVA's base model (vision tower, projector with the aligned norm, language model), no LM head."""
+
+    def __init__(self, config: LlavaNormAlignedConfig):
+        LlavaPreTrainedModel.__init__(self, config)
+        self.vision_tower = AutoModel.from_config(config.vision_config)
+        self.multi_modal_projector = LlavaNormAlignedProjector(config)
+        self.language_model = AutoModel.from_config(config.text_config)
+        self.post_init()
+
+
+class LlavaNormAlignedForConditionalGeneration(LlavaNormAlignedPreTrainedModel, LlavaForConditionalGeneration):
+    """The norm-aligned LLaVA with its LM head: generation, pipelines and training work as with stock LLaVA."""
+
+    def __init__(self, config: LlavaNormAlignedConfig):
+        LlavaPreTrainedModel.__init__(self, config)
+        self.model = LlavaNormAlignedModel(config)
+        self.lm_head = nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
+        self.post_init()
+
+
+__all__ = [
+    "LlavaNormAlignedForConditionalGeneration",
+    "LlavaNormAlignedModel",
+    "LlavaNormAlignedPreTrainedModel",
+    "NormAlignedLayerNorm",
+    "text_embedding_norm_target",
+]

@@ -1,0 +1,1 @@
+"""Two-stage training of norm-aligned LLaVA models with TRL."""
