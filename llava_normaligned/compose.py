@@ -104,13 +104,11 @@ def _vision_parts(vision_model: str, revision: str | None, dtype, trust_remote_c
         vision_model, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code
     )
     vision_config = getattr(config, "vision_config", None) or config
-    if getattr(source, "vision_model", None) is not None and hasattr(config, "vision_config"):
-        # A dual encoder (CLIPModel, SiglipModel): keep its vision half. The LLaVA tower is the *VisionModel
-        # wrapper, whose weights are those of `vision_model.*`.
-        tower = AutoModel.from_config(vision_config)
-        state = {k: v for k, v in source.state_dict().items() if k.startswith("vision_model.")}
-        tower.load_state_dict(state, strict=True, assign=True)
-        tower.to(dtype or torch.float32)
+    if hasattr(config, "vision_config"):
+        # A dual encoder (CLIPModel, SiglipModel): its vision half is the *VisionModel LLaVA uses as its tower.
+        tower = getattr(source, "vision_model", None)
+        if tower is None:
+            raise ValueError(f"vision model {vision_model!r}: a dual encoder without a `vision_model` submodule")
         return vision_config, tower
     return vision_config, source
 
@@ -404,7 +402,7 @@ def convert_main(argv: list[str] | None = None) -> int:
 def _report(model, output_dir: str) -> None:
     cfg = model.config
     norm = model.model.multi_modal_projector.norm
-    gain = "n/a" if norm is None else f"{float(norm.weight.float().abs().mean()):.5f}"
+    gain = "n/a" if norm is None else f"{float(norm.weight.detach().float().abs().mean()):.5f}"
     print(
         f"wrote {output_dir}: projector_norm={cfg.projector_norm} norm_init={cfg.norm_init} "
         f"T={cfg.norm_target:.4f} D={cfg.text_config.hidden_size} mean|gain|={gain} "

@@ -62,11 +62,6 @@ class LlavaNormAlignedConfig(LlavaConfig):
         if isinstance(gmin, bool) or not isinstance(gmin, (int, float)) or not 0 < gmin < float("inf"):
             raise ValueError(f"gradient_compensation_min must be a positive finite number, got {gmin!r}")
         self.gradient_compensation_min = float(gmin)
-        if self.vision_feature_select_strategy not in ("default", "full"):
-            raise ValueError(
-                "vision_feature_select_strategy must be 'default' (drop the CLS token, CLIP) or 'full' (SigLIP), "
-                f"got {self.vision_feature_select_strategy!r}"
-            )
         super().__post_init__(**kwargs)
         if getattr(self, "auto_map", None) is None:
             self.auto_map = dict(AUTO_MAP)

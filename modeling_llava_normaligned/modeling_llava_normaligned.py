@@ -82,8 +82,10 @@ class NormAlignedLayerNorm(nn.LayerNorm):
         self.compensation_min = compensation_min
 
     def compensation_factor(self) -> torch.Tensor:
-        """1 / clamp(mean |g|, min): the GWC factor for the current gain (a 0-d float32 tensor)."""
-        return self.weight.detach().float().abs().mean().clamp_min(self.compensation_min).reciprocal()
+        """1 / clamp(mean |g|, min): the GWC factor for the current gain (0-d, at least float32 precision)."""
+        gain = self.weight.detach()
+        gain = gain.to(torch.promote_types(gain.dtype, torch.float32))  # bf16/fp16 gains: reduce in fp32
+        return gain.abs().mean().clamp_min(self.compensation_min).reciprocal()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
         if self.compensation and torch.is_grad_enabled() and hidden_states.requires_grad:
@@ -115,9 +117,34 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
         return hidden_states
 
 
+def _is_norm_key(key: str) -> bool:
+    return "multi_modal_projector.norm." in key
+
+
 class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
     config_class = LlavaNormAlignedConfig
     config: LlavaNormAlignedConfig
+
+    @classmethod
+    def from_pretrained(cls, *args, allow_missing_weights: bool = False, **kwargs):
+        """``PreTrainedModel.from_pretrained`` that refuses to silently re-initialise missing weights.
+
+        A checkpoint missing any weight but the projector norm's (which a stock LLaVA checkpoint lacks, and which
+        is initialised to T / sqrt(D)) is an error unless ``allow_missing_weights=True``. Stock LLaVA checkpoints
+        are best converted with ``llava-normaligned convert``, which maps either key layout.
+        """
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = sorted(k for k in info.get("missing_keys", ()) if not _is_norm_key(k))
+        if missing and not allow_missing_weights:
+            source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+            shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+            raise ValueError(
+                f"checkpoint {source!r} is missing weights that would be randomly re-initialised: {shown}. "
+                "If it is a stock LLaVA checkpoint, convert it with `llava-normaligned convert --from-llava`; "
+                "pass allow_missing_weights=True to load anyway."
+            )
+        return (model, info) if want_info else model
 
     def _init_weights(self, module):
         if isinstance(module, NormAlignedLayerNorm):

@@ -1,0 +1,236 @@
+"""compose / convert, the CLI, and loading with trust_remote_code where this package is not importable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+)
+
+from isolation import run_isolated
+from llava_normaligned.cli import main as cli_main
+from llava_normaligned.compose import compose, convert_from_llava, save
+from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, save_tiny_parts
+from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, text_embedding_norm_target
+
+
+def _inputs(processor, n_images=1, question="what colour is the shape"):
+    images = [Image.new("RGB", (48, 40), (200, 30, 30)), Image.new("RGB", (40, 40), (20, 30, 200))][:n_images]
+    content = [{"type": "image"}] * n_images + [{"type": "text", "text": question}]
+    text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    return processor(images=images, text=[text], return_tensors="pt")
+
+
+def test_compose_keeps_both_pretrained_parts(tiny_parts, tiny_model_dir):
+    vision_dir, text_dir = tiny_parts
+    model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)
+    source_vision = AutoModel.from_pretrained(vision_dir)
+    for name, param in source_vision.state_dict().items():
+        assert torch.equal(model.model.vision_tower.state_dict()[name], param), name
+    llm = AutoModelForCausalLM.from_pretrained(text_dir)
+    ours = model.model.language_model.state_dict()
+    for name, param in llm.model.state_dict().items():
+        if name == "embed_tokens.weight":  # one row added for <image>
+            assert torch.equal(ours[name][: param.shape[0]], param)
+            continue
+        assert torch.equal(ours[name], param), name
+    assert torch.equal(model.lm_head.weight[: llm.lm_head.weight.shape[0]], llm.lm_head.weight)
+    # T from the LM's own embeddings, before the image token was added (paper §5.1)
+    assert model.config.norm_target == pytest.approx(text_embedding_norm_target(llm.get_input_embeddings().weight))
+    # LLaVA-1.5 defaults
+    assert model.config.vision_feature_layer == -2
+    assert model.config.vision_feature_select_strategy == "full"  # SigLIP has no CLS token
+    assert model.config.projector_hidden_act == "gelu"
+
+
+def test_composed_folder_loads_with_auto_classes(tiny_model_dir):
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    assert isinstance(model, LlavaNormAlignedForConditionalGeneration)
+    assert isinstance(processor, LlavaProcessor)
+    assert processor.tokenizer.image_token == "<image>"
+    assert processor.tokenizer.image_token_id == model.config.image_token_id
+    inputs = _inputs(processor)
+    assert (inputs["input_ids"] == model.config.image_token_id).sum() == model.config.image_seq_length
+    with torch.no_grad():
+        model(**inputs)
+    # the LM's chat template is kept (ChatML here), able to render image parts
+    assert "<|im_start|>" in processor.chat_template
+    for name in ("configuration_llava_normaligned.py", "modeling_llava_normaligned.py", "model.safetensors"):
+        assert os.path.exists(os.path.join(tiny_model_dir, name)), name
+    config = json.load(open(os.path.join(tiny_model_dir, "config.json")))
+    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForImageTextToText"}
+
+
+def test_trust_remote_code_in_a_fresh_python(tiny_model_dir, tiny_model, tiny_processor, tmp_path):
+    """A process where this package cannot be imported loads model, base model and processor from the folder."""
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(tiny_model_dir, folder)
+    inputs = _inputs(tiny_processor)
+    torch.save(dict(inputs), tmp_path / "inputs.pt")
+    with torch.no_grad():
+        expected = tiny_model(**inputs).logits
+    run_isolated(
+        f"""
+        import torch
+        from transformers import AutoModel, AutoModelForImageTextToText, AutoProcessor
+        folder = {str(folder)!r}
+        model = AutoModelForImageTextToText.from_pretrained(folder, trust_remote_code=True).eval()
+        assert type(model).__name__ == "LlavaNormAlignedForConditionalGeneration", type(model)
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        base = AutoModel.from_pretrained(folder, trust_remote_code=True)
+        assert type(base).__name__ == "LlavaNormAlignedModel"
+        processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
+        inputs = torch.load({str(tmp_path / "inputs.pt")!r})
+        with torch.no_grad():
+            logits = model(**inputs).logits
+        torch.save(logits, {str(tmp_path / "logits.pt")!r})
+        """,
+        cwd=str(tmp_path),
+    )
+    assert torch.equal(torch.load(tmp_path / "logits.pt"), expected)
+
+
+@pytest.mark.parametrize(
+    "vision, text, strategy, tied",
+    [
+        (TinyVisionSpec(kind="clip"), TinyTextSpec(kind="qwen2"), "default", False),
+        (TinyVisionSpec(kind="siglip"), TinyTextSpec(kind="llama", tie_word_embeddings=True), "full", True),
+    ],
+)
+def test_compose_other_encoders_and_lms(tmp_path, vision, text, strategy, tied):
+    vision_dir, text_dir = save_tiny_parts(tmp_path / "parts", vision=vision, text=text)
+    model, processor = compose(vision_dir, text_dir, projector_norm="layernorm", norm_init="target")
+    assert model.config.vision_feature_select_strategy == strategy
+    assert model.config.text_config.model_type == text.kind
+    assert model.config.tie_word_embeddings is tied
+    if tied:
+        assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    inputs = _inputs(processor)
+    n_patches = (vision.image_size // vision.patch_size) ** 2  # CLIP's CLS token is dropped ("default")
+    assert (inputs["input_ids"] == model.config.image_token_id).sum() == n_patches
+    save(model, processor, str(tmp_path / "out"))
+    reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "out")
+    with torch.no_grad():
+        assert torch.equal(reloaded(**inputs).logits, model(**inputs).logits)
+
+
+def test_compose_ablation_options(tiny_parts):
+    model, _ = compose(*tiny_parts, projector_norm=None)
+    assert model.model.multi_modal_projector.norm is None
+    model, _ = compose(*tiny_parts, norm_init="default", gradient_compensation=False)
+    norm = model.model.multi_modal_projector.norm
+    assert torch.equal(norm.weight, torch.ones_like(norm.weight)) and norm.compensation is False
+
+
+def test_compose_text_model_without_usable_embeddings(tiny_parts, tmp_path):
+    vision_dir, text_dir = tiny_parts
+    broken = tmp_path / "text"
+    shutil.copytree(text_dir, broken)
+    state = load_file(str(broken / "model.safetensors"))
+    for key in state:
+        if key.endswith("embed_tokens.weight"):
+            state[key] = torch.zeros_like(state[key])
+    save_file(state, str(broken / "model.safetensors"))
+    with pytest.raises(ValueError, match="text embeddings"):
+        compose(vision_dir, str(broken))
+
+
+def test_compose_cli(tiny_parts, tmp_path):
+    out = tmp_path / "cli"
+    code = cli_main(["compose", "--vision-model", tiny_parts[0], "--text-model", tiny_parts[1],
+                     "--output-dir", str(out), "--norm-init", "default", "--no-gradient-compensation"])
+    assert code == 0
+    config = json.load(open(out / "config.json"))
+    assert config["norm_init"] == "default" and config["gradient_compensation"] is False
+    assert config["norm_target"] > 0
+
+
+# ------------------------------------------------------------------------------------------------ convert
+
+
+@pytest.fixture
+def stock_llava_dir(tiny_model_dir, tmp_path):
+    """A stock LlavaForConditionalGeneration with the tiny model's parts, saved by transformers (legacy keys)."""
+    ours = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)
+    fields = LlavaConfig().to_dict()
+    stock_config = LlavaConfig(**{k: v for k, v in ours.config.to_dict().items() if k in fields})
+    stock = LlavaForConditionalGeneration(stock_config)
+    state = {k: v for k, v in ours.state_dict().items() if "multi_modal_projector.norm." not in k}
+    stock.load_state_dict(state, strict=True)
+    torch.manual_seed(1)
+    with torch.no_grad():  # a trained-looking projector, distinct from the composed init
+        for p in stock.model.multi_modal_projector.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    out = tmp_path / "stock"
+    stock.save_pretrained(out)
+    AutoProcessor.from_pretrained(tiny_model_dir).save_pretrained(out)
+    return out, stock.eval()
+
+
+def _current_layout(folder):
+    """Rewrite a saved stock checkpoint in the current (transformers 5) key layout."""
+    state = load_file(str(folder / "model.safetensors"))
+    renamed = {}
+    for key, value in state.items():
+        key = key.replace("language_model.model.", "model.language_model.", 1)
+        key = key.replace("language_model.lm_head.", "lm_head.", 1)
+        if key.startswith(("vision_tower.", "multi_modal_projector.")):
+            key = "model." + key
+        renamed[key] = value
+    save_file(renamed, str(folder / "model.safetensors"))
+    return sorted(renamed)
+
+
+@pytest.mark.parametrize("layout", ["as_saved", "current"])
+def test_convert_from_stock_llava(stock_llava_dir, layout, tmp_path):
+    folder, stock = stock_llava_dir
+    keys = sorted(load_file(str(folder / "model.safetensors")))
+    if layout == "current":
+        keys = _current_layout(folder)
+        assert all(k.startswith(("model.", "lm_head.")) for k in keys)
+    processor = AutoProcessor.from_pretrained(folder)
+    inputs = _inputs(processor)
+    with torch.no_grad():
+        expected = stock(**inputs).logits
+
+    plain, _ = convert_from_llava(str(folder), projector_norm=None)
+    with torch.no_grad():
+        assert torch.equal(plain(**inputs).logits, expected)  # w/o Norm == the stock model
+
+    model, processor = convert_from_llava(str(folder))
+    norm = model.model.multi_modal_projector.norm
+    T = text_embedding_norm_target(stock.get_input_embeddings().weight)
+    assert model.config.norm_target == pytest.approx(T)
+    assert torch.allclose(norm.weight, torch.full_like(norm.weight, T / model.config.text_config.hidden_size ** 0.5))
+    for name, param in stock.state_dict().items():
+        assert torch.equal(model.state_dict()[name], param), name
+    save(model, processor, str(tmp_path / "converted"))
+    assert cli_main(["convert", "--from-llava", str(folder), "--output-dir", str(tmp_path / "cli")]) == 0
+    reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "cli")
+    with torch.no_grad():
+        assert torch.equal(reloaded(**inputs).logits, model(**inputs).logits)
+
+
+def test_convert_refuses_a_checkpoint_missing_weights(stock_llava_dir):
+    folder, _ = stock_llava_dir
+    state = load_file(str(folder / "model.safetensors"))
+    dropped = next(k for k in sorted(state) if "layers.1" in k and "language_model" in k)
+    del state[dropped]
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing weights") as info:
+        convert_from_llava(str(folder))
+    assert "layers.1" in str(info.value)

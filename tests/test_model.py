@@ -1,0 +1,375 @@
+"""The model: equivalence with stock LLaVA, the aligned init, GWC's gradients, save/load, generation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from PIL import Image
+from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+from modeling_llava_normaligned import (
+    LlavaNormAlignedConfig,
+    LlavaNormAlignedForConditionalGeneration,
+    LlavaNormAlignedModel,
+    NormAlignedLayerNorm,
+    text_embedding_norm_target,
+)
+
+VISION = dict(
+    model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=2, image_size=32, patch_size=8,
+)
+TEXT = dict(
+    model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=120, max_position_embeddings=256, pad_token_id=0,
+)
+IMAGE_TOKEN_ID = 119
+N_IMAGE_TOKENS = 16  # (32 / 8) ** 2, SigLIP has no CLS token
+
+
+def make_config(**overrides) -> LlavaNormAlignedConfig:
+    kwargs = dict(
+        vision_config=VISION, text_config=TEXT, image_token_index=IMAGE_TOKEN_ID,
+        image_seq_length=N_IMAGE_TOKENS, vision_feature_select_strategy="full", vision_feature_layer=-2,
+    )
+    kwargs.update(overrides)
+    return LlavaNormAlignedConfig(**kwargs)
+
+
+def make_inputs(batch: int = 2, text_len: int = 6, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    text = torch.randint(1, IMAGE_TOKEN_ID, (batch, text_len), generator=g)
+    image = torch.full((batch, N_IMAGE_TOKENS), IMAGE_TOKEN_ID)
+    input_ids = torch.cat([text[:, :2], image, text[:, 2:]], dim=1)
+    pixel_values = torch.randn(batch, 3, 32, 32, generator=g)
+    return input_ids, pixel_values
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("projector_norm", "rmsnorm"),
+        ("norm_init", "zeros"),
+        ("gradient_compensation", "yes"),
+        ("gradient_compensation_min", 0.0),
+        ("gradient_compensation_min", -1e-3),
+        ("norm_target", -1.0),
+        ("norm_target", float("nan")),
+    ],
+)
+def test_bad_config_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        make_config(**{field: value})
+
+
+def test_bad_stock_llava_field_is_refused_by_name():
+    # LlavaConfig's own fields are validated by transformers' strict dataclass, which names the field too.
+    with pytest.raises(Exception, match="vision_feature_select_strategy"):
+        make_config(vision_feature_select_strategy="cls")
+
+
+def test_config_round_trip_keeps_norm_fields(tmp_path):
+    config = make_config(projector_norm=None, norm_target=0.7, norm_init="default", gradient_compensation=False)
+    config.save_pretrained(tmp_path)
+    loaded = LlavaNormAlignedConfig.from_pretrained(tmp_path)
+    assert (loaded.projector_norm, loaded.norm_target, loaded.norm_init, loaded.gradient_compensation) == (
+        None, 0.7, "default", False,
+    )
+    assert loaded.auto_map["AutoModel"].endswith("LlavaNormAlignedModel")
+
+
+# ------------------------------------------------------------------------------------------------ T
+
+
+def test_norm_target_ignores_zero_rows():
+    weight = torch.randn(10, 8)
+    weight[[0, 3, 7]] = 0.0
+    expected = weight[[i for i in range(10) if i not in (0, 3, 7)]].norm(dim=-1).mean()
+    assert text_embedding_norm_target(weight) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_norm_target_rejects_all_zero_embeddings():
+    with pytest.raises(ValueError, match="every row"):
+        text_embedding_norm_target(torch.zeros(5, 4))
+
+
+# ------------------------------------------------------------------------------------------------ equivalence
+
+
+def test_without_norm_logits_equal_stock_llava(seed):
+    ours = LlavaNormAlignedForConditionalGeneration(make_config(projector_norm=None)).eval()
+    stock_config = LlavaConfig(**{k: v for k, v in make_config().to_dict().items() if k in LlavaConfig().to_dict()})
+    stock = LlavaForConditionalGeneration(stock_config).eval()
+    missing, unexpected = stock.load_state_dict(ours.state_dict(), strict=True), None
+    assert not missing.missing_keys and not missing.unexpected_keys and unexpected is None
+    input_ids, pixel_values = make_inputs()
+    with torch.no_grad():
+        a = ours(input_ids=input_ids, pixel_values=pixel_values).logits
+        b = stock(input_ids=input_ids, pixel_values=pixel_values).logits
+    assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------ init
+
+
+def _projected_norms(model, pixel_values):
+    with torch.no_grad():
+        features = model.model.get_image_features(pixel_values=pixel_values, return_dict=True).pooler_output
+    return torch.cat(list(features)).norm(dim=-1)  # (B * N,)
+
+
+def test_target_init_puts_projector_outputs_at_text_norm(seed):
+    model = LlavaNormAlignedForConditionalGeneration(make_config()).eval()
+    T = model.config.norm_target
+    assert T == pytest.approx(text_embedding_norm_target(model.get_input_embeddings().weight))
+    gain = model.model.multi_modal_projector.norm.weight
+    assert torch.allclose(gain, torch.full_like(gain, T / math.sqrt(TEXT["hidden_size"])))  # paper §5.1
+    norms = _projected_norms(model, make_inputs()[1])
+    # ||LN(x)|| = T * sqrt(var / (var + eps)): within a few % of T even for this random, low-variance projector
+    assert norms.mean().item() == pytest.approx(T, rel=0.05)
+    stock_like = LlavaNormAlignedForConditionalGeneration(make_config(projector_norm=None)).eval()
+    # the gap the norm closes: the random stock projector's outputs are not at T
+    assert abs(_projected_norms(stock_like, make_inputs()[1]).mean().item() - T) > 0.1 * T
+
+
+def test_default_init_is_gain_one(seed):
+    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_init="default", norm_target=0.5))
+    norm = model.model.multi_modal_projector.norm
+    assert torch.equal(norm.weight, torch.ones_like(norm.weight)) and torch.equal(norm.bias, torch.zeros_like(norm.bias))
+    norms = _projected_norms(model.eval(), make_inputs()[1])
+    assert norms.mean().item() == pytest.approx(math.sqrt(TEXT["hidden_size"]), rel=0.05)
+
+
+def test_given_norm_target_is_used(seed):
+    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=3.2))
+    gain = model.model.multi_modal_projector.norm.weight
+    assert torch.allclose(gain, torch.full_like(gain, 3.2 / 8.0))
+
+
+def test_gain_survives_post_init_from_pretrained_and_resize(tmp_path, seed):
+    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=2.0))
+    norm = model.model.multi_modal_projector.norm
+    with torch.no_grad():  # a trained gain, not the init value
+        norm.weight.copy_(torch.linspace(0.01, 0.5, norm.weight.numel()))
+        norm.bias.fill_(0.03)
+    trained = (norm.weight.clone(), norm.bias.clone())
+    model.post_init()
+    assert torch.equal(norm.weight, trained[0]) and torch.equal(norm.bias, trained[1])
+    model.save_pretrained(tmp_path)
+    loaded = LlavaNormAlignedForConditionalGeneration.from_pretrained(tmp_path)
+    assert torch.equal(loaded.model.multi_modal_projector.norm.weight, trained[0])
+    loaded.resize_token_embeddings(TEXT["vocab_size"] + 8)
+    assert torch.equal(loaded.model.multi_modal_projector.norm.weight, trained[0])
+    assert torch.equal(loaded.model.multi_modal_projector.norm.bias, trained[1])
+    # a checkpoint without the norm (a stock layout) gets the target gain, not 1.0
+    state = {k: v for k, v in model.state_dict().items() if "multi_modal_projector.norm." not in k}
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
+    reloaded = LlavaNormAlignedForConditionalGeneration.from_pretrained(tmp_path)
+    gain = reloaded.model.multi_modal_projector.norm.weight
+    assert torch.allclose(gain, torch.full_like(gain, 2.0 / 8.0))
+
+
+def test_missing_weights_are_an_error_not_a_reinit(tmp_path, seed):
+    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=1.0))
+    model.save_pretrained(tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "model.safetensors"))
+    dropped = next(k for k in state if "vision_tower" in k and k.endswith("weight"))
+    del state[dropped]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing weights") as info:
+        LlavaNormAlignedForConditionalGeneration.from_pretrained(tmp_path)
+    assert dropped in str(info.value)
+    LlavaNormAlignedForConditionalGeneration.from_pretrained(tmp_path, allow_missing_weights=True)
+
+
+# ------------------------------------------------------------------------------------------------ GWC
+
+
+def _hand_gradients(x, weight, bias, grad_y, eps, clamp_min, compensate):
+    """dL/dx and dL/dg for y = LN(x) * g + b, written out (paper §5.1, Appendix D)."""
+    mu = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    rstd = (var + eps).rsqrt()
+    x_hat = (x - mu) * rstd
+    grad_x_hat = grad_y * weight
+    if compensate:  # GWC: scale the gradient w.r.t. the normalized tensor by 1 / clamp(mean|g|, delta)
+        grad_x_hat = grad_x_hat / weight.abs().mean().clamp_min(clamp_min)
+    D = x.shape[-1]
+    grad_x = rstd / D * (D * grad_x_hat - grad_x_hat.sum(-1, keepdim=True)
+                         - x_hat * (grad_x_hat * x_hat).sum(-1, keepdim=True))
+    grad_g = (grad_y * x_hat).reshape(-1, D).sum(0)
+    grad_b = grad_y.reshape(-1, D).sum(0)
+    return grad_x, grad_g, grad_b
+
+
+@pytest.mark.parametrize("gain_value, compensate", [(0.02, True), (0.02, False), (1e-5, True), (0.8, True)])
+def test_gwc_gradients_equal_hand_computation(gain_value, compensate):
+    torch.manual_seed(0)
+    D = 16
+    norm = NormAlignedLayerNorm(D, compensation=compensate, compensation_min=1e-3).double()
+    with torch.no_grad():
+        norm.weight.copy_(gain_value * (1 + 0.1 * torch.randn(D, dtype=torch.float64)))
+        norm.bias.copy_(0.01 * torch.randn(D, dtype=torch.float64))
+    x = (5 * torch.randn(3, 7, D, dtype=torch.float64)).requires_grad_()
+    grad_y = torch.randn(3, 7, D, dtype=torch.float64)
+    norm(x).backward(grad_y)
+    expected_x, expected_g, expected_b = _hand_gradients(
+        x.detach(), norm.weight.detach(), norm.bias.detach(), grad_y, norm.eps, 1e-3, compensate
+    )
+    assert torch.allclose(x.grad, expected_x, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(norm.weight.grad, expected_g, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(norm.bias.grad, expected_b, rtol=1e-9, atol=1e-12)
+    factor = float(norm.compensation_factor())
+    assert factor == pytest.approx(1 / max(float(norm.weight.abs().mean()), 1e-3))
+    if gain_value == 1e-5:
+        assert factor == pytest.approx(1e3)  # the clamp
+
+
+def test_gwc_forward_is_plain_layernorm():
+    torch.manual_seed(0)
+    norm = NormAlignedLayerNorm(16)
+    with torch.no_grad():
+        norm.weight.fill_(0.03)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    expected = torch.nn.functional.layer_norm(x, (16,), norm.weight, norm.bias, norm.eps)
+    assert torch.equal(norm(x), expected)
+
+
+def test_gwc_under_torch_compile():
+    torch.manual_seed(0)
+    eager = NormAlignedLayerNorm(16)
+    with torch.no_grad():
+        eager.weight.fill_(0.02)
+    compiled_module = NormAlignedLayerNorm(16)
+    compiled_module.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_module, fullgraph=True)  # fullgraph: no graph break allowed
+    x = torch.randn(2, 5, 16)
+    grad_y = torch.randn(2, 5, 16)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager(xa).backward(grad_y)
+    compiled(xb).backward(grad_y)
+    assert torch.allclose(xa.grad, xb.grad, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(eager.weight.grad, compiled_module.weight.grad, rtol=1e-5, atol=1e-6)
+    assert xa.grad.abs().mean() > 10 * (xa.grad.abs().mean() * 0.02)  # compensation actually applied
+
+
+def test_gwc_reaches_vision_tower_with_gradient_checkpointing(seed):
+    config = make_config()
+    plain = LlavaNormAlignedForConditionalGeneration(config).train()
+    ckpt = LlavaNormAlignedForConditionalGeneration(config).train()
+    ckpt.load_state_dict(plain.state_dict())
+    ckpt.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    input_ids, pixel_values = make_inputs()
+    for model in (plain, ckpt):
+        model(input_ids=input_ids, pixel_values=pixel_values, labels=input_ids).loss.backward()
+    for name, param in plain.named_parameters():
+        other = dict(ckpt.named_parameters())[name]
+        if param.grad is None:
+            assert other.grad is None, name
+            continue
+        assert torch.allclose(param.grad, other.grad, rtol=1e-4, atol=1e-6), name
+    # GWC: with gain ~ T/sqrt(D), the vision tower's gradient is the uncompensated one times 1/mean|g|
+    no_gwc = LlavaNormAlignedForConditionalGeneration(make_config(gradient_compensation=False)).train()
+    no_gwc.load_state_dict(plain.state_dict())
+    no_gwc(input_ids=input_ids, pixel_values=pixel_values, labels=input_ids).loss.backward()
+    factor = float(plain.model.multi_modal_projector.norm.compensation_factor())
+    w = "model.vision_tower.encoder.layers.0.mlp.fc1.weight"
+    g_plain = dict(plain.named_parameters())[w].grad
+    g_none = dict(no_gwc.named_parameters())[w].grad
+    assert torch.allclose(g_plain, g_none * factor, rtol=1e-3, atol=1e-9)
+    assert factor > 5
+
+
+# ------------------------------------------------------------------------------------------------ forward/generate
+
+
+def test_image_token_count_mismatch_is_a_clear_error(seed):
+    model = LlavaNormAlignedForConditionalGeneration(make_config()).eval()
+    input_ids, pixel_values = make_inputs()
+    with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+        model(input_ids=input_ids[:, 3:], pixel_values=pixel_values)  # one image token per row cut off
+
+
+def test_sdpa_and_eager_agree(seed):
+    config = make_config()
+    eager = LlavaNormAlignedForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+    sdpa = LlavaNormAlignedForConditionalGeneration._from_config(config, attn_implementation="sdpa").eval()
+    sdpa.load_state_dict(eager.state_dict())
+    input_ids, pixel_values = make_inputs()
+    with torch.no_grad():
+        a = eager(input_ids=input_ids, pixel_values=pixel_values).logits
+        b = sdpa(input_ids=input_ids, pixel_values=pixel_values).logits
+    assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_base_model_is_the_auto_model(tiny_model_dir):
+    from transformers import AutoModel
+
+    base = AutoModel.from_pretrained(tiny_model_dir)
+    assert isinstance(base, LlavaNormAlignedModel)
+    assert base.multi_modal_projector.norm is not None
+
+
+def _chat(processor, question: str, n_images: int = 1) -> str:
+    content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": question}]
+    return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+
+
+def _images():
+    return [Image.new("RGB", (40, 40), c) for c in ((255, 0, 0), (0, 0, 255), (0, 200, 0))]
+
+
+def test_generate_with_cache_equals_without(tiny_model, tiny_processor):
+    inputs = tiny_processor(images=_images()[:1], text=[_chat(tiny_processor, "what colour")], return_tensors="pt")
+    with torch.no_grad():
+        cached = tiny_model.generate(**inputs, max_new_tokens=6, do_sample=False, use_cache=True)
+        uncached = tiny_model.generate(**inputs, max_new_tokens=6, do_sample=False, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+def test_batched_padded_generation_equals_one_by_one(tiny_model, tiny_processor):
+    prompts = [_chat(tiny_processor, "what colour"), _chat(tiny_processor, "how many shapes are there in the image")]
+    images = _images()[:2]
+    tiny_processor.tokenizer.padding_side = "left"
+    batch = tiny_processor(images=images, text=prompts, return_tensors="pt", padding=True)
+    assert (batch["attention_mask"] == 0).any()  # the prompts really differ in length
+    with torch.no_grad():
+        out = tiny_model.generate(**batch, max_new_tokens=5, do_sample=False)
+    new = out[:, batch["input_ids"].shape[1]:]
+    for i, (prompt, image) in enumerate(zip(prompts, images)):
+        single = tiny_processor(images=[image], text=[prompt], return_tensors="pt")
+        with torch.no_grad():
+            ref = tiny_model.generate(**single, max_new_tokens=5, do_sample=False)
+        assert torch.equal(new[i], ref[0, single["input_ids"].shape[1]:]), i
+
+
+def test_several_images_per_prompt(tiny_model, tiny_processor):
+    images = _images()
+    inputs = tiny_processor(images=images, text=[_chat(tiny_processor, "compare", n_images=3)], return_tensors="pt")
+    n_tokens = (inputs["input_ids"] == tiny_model.config.image_token_id).sum().item()
+    assert n_tokens == 3 * tiny_model.config.image_seq_length
+    with torch.no_grad():
+        logits = tiny_model(**inputs).logits
+        swapped = tiny_processor(images=images[::-1], text=[_chat(tiny_processor, "compare", 3)], return_tensors="pt")
+        logits_swapped = tiny_model(**swapped).logits
+    assert not torch.allclose(logits[0, -1], logits_swapped[0, -1])  # every image reaches the LLM, in order
+
+
+def test_pipeline_image_text_to_text(tiny_model_dir):
+    from transformers import pipeline
+
+    pipe = pipeline("image-text-to-text", model=tiny_model_dir)
+    messages = [{"role": "user", "content": [{"type": "image", "image": _images()[0]},
+                                              {"type": "text", "text": "what colour"}]}]
+    out = pipe(text=messages, max_new_tokens=4, do_sample=False)
+    assert isinstance(out[0]["generated_text"], list)
+    assert out[0]["generated_text"][-1]["role"] == "assistant"
