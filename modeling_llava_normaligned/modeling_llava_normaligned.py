@@ -53,18 +53,30 @@ def norm_gain_init(config: LlavaNormAlignedConfig) -> float:
     return config.norm_target / math.sqrt(config.text_config.hidden_size)
 
 
-class _ScaleGradient(torch.autograd.Function):
-    """Identity forward; backward multiplies the incoming gradient by ``scale`` (a 0-d tensor, no gradient)."""
+class _CompensateGradient(torch.autograd.Function):
+    """Identity forward; backward multiplies the incoming gradient by 1 / clamp(mean|g|, min).
+
+    The factor is computed in backward, from the gain the forward pass used (the optimizer has not stepped yet),
+    so the forward pass costs one view and nothing else.
+    """
 
     @staticmethod
-    def forward(ctx, x, scale):
-        ctx.save_for_backward(scale)
+    def forward(ctx, x, gain, clamp_min: float):
+        ctx.save_for_backward(gain)
+        ctx.clamp_min = clamp_min
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad_output):
-        (scale,) = ctx.saved_tensors
-        return grad_output * scale.to(grad_output.dtype), None
+        (gain,) = ctx.saved_tensors
+        return grad_output * compensation_factor(gain, ctx.clamp_min).to(grad_output.dtype), None, None
+
+
+def compensation_factor(gain: torch.Tensor, clamp_min: float) -> torch.Tensor:
+    """GWC's factor 1 / clamp(mean |g|, delta) (paper §5.1), as a 0-d tensor of at least float32 precision."""
+    gain = gain.detach()
+    gain = gain.to(torch.promote_types(gain.dtype, torch.float32))  # bf16/fp16 gains: reduce in fp32
+    return gain.abs().mean().clamp_min(clamp_min).reciprocal()
 
 
 class NormAlignedLayerNorm(nn.LayerNorm):
@@ -82,14 +94,12 @@ class NormAlignedLayerNorm(nn.LayerNorm):
         self.compensation_min = compensation_min
 
     def compensation_factor(self) -> torch.Tensor:
-        """1 / clamp(mean |g|, min): the GWC factor for the current gain (0-d, at least float32 precision)."""
-        gain = self.weight.detach()
-        gain = gain.to(torch.promote_types(gain.dtype, torch.float32))  # bf16/fp16 gains: reduce in fp32
-        return gain.abs().mean().clamp_min(self.compensation_min).reciprocal()
+        """1 / clamp(mean |g|, min): the GWC factor for the current gain."""
+        return compensation_factor(self.weight, self.compensation_min)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
         if self.compensation and torch.is_grad_enabled() and hidden_states.requires_grad:
-            hidden_states = _ScaleGradient.apply(hidden_states, self.compensation_factor())
+            hidden_states = _CompensateGradient.apply(hidden_states, self.weight, self.compensation_min)
         return F.layer_norm(hidden_states, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:

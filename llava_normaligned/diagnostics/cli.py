@@ -1,0 +1,109 @@
+"""``llava-normaligned diagnose MODEL [--baseline MODEL] [--images DIR] [--prompts FILE] --output-dir DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import DEFAULT_ALPHAS, DiagnoseConfig, DiagnosticsError
+
+
+def _alphas(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(a) for a in text.split(",") if a.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--alphas: expected comma-separated numbers, got {text!r}") from None
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llava-normaligned diagnose",
+        description="Norm-gap diagnostics of a LLaVA-style model: the paper's probes (arXiv 2512.08374, §4, "
+        "Appendix C) and the blog post's inference-time experiments. Writes diagnostics.json, CSV tables, PNG "
+        "figures and summary.md.",
+    )
+    parser.add_argument("model", help="Hub id or folder of the model to diagnose")
+    parser.add_argument("--baseline", default=None, help="a second model run on the same inputs, drawn beside it")
+    parser.add_argument("--images", default=None, help="a folder of images (default: the package's scenes)")
+    parser.add_argument("--prompts", default=None, help="a text file, one prompt per line (default: the package's)")
+    parser.add_argument(
+        "--output-dir", default=None, help="where to write the outputs (required unless --estimate-memory)"
+    )
+    group = parser.add_argument_group("measurement")
+    group.add_argument("--max-samples", type=int, default=12, help="image-prompt pairs to run (default 12)")
+    group.add_argument("--alphas", type=_alphas, default=DEFAULT_ALPHAS,
+                       help="projector-output scales, comma-separated (default: the blog's 0.01,...,3; 1 is added)")
+    group.add_argument("--max-new-tokens", type=int, default=8, help="greedy tokens scored per sample (default 8)")
+    group.add_argument("--top-k", type=int, default=10, help="largest text-embedding rows to list (default 10)")
+    group.add_argument("--batch-size", type=int, default=4)
+    group = parser.add_argument_group("loading")
+    group.add_argument("--revision", default=None)
+    group.add_argument("--baseline-revision", default=None)
+    group.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: where the model loads)")
+    group.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: as stored)")
+    group.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false")
+    group = parser.add_argument_group("output")
+    group.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG figures")
+    group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    group.add_argument("--estimate-memory", action="store_true",
+                       help="print the estimated memory for MODEL (from its config only) and exit")
+    return parser
+
+
+def _estimate_memory(args) -> int:
+    from transformers import AutoConfig
+
+    from .memory import estimate
+
+    config = AutoConfig.from_pretrained(args.model, revision=args.revision, trust_remote_code=args.trust_remote_code)
+    if not hasattr(config, "text_config"):
+        raise DiagnosticsError(f"{args.model!r} is not a vision-language model: its config has no text_config")
+    result = estimate(config, args.dtype or "bfloat16", args.batch_size, args.max_new_tokens)
+    print(f"{args.model}: {result.describe()}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.estimate_memory:
+            return _estimate_memory(args)
+        if not args.output_dir:
+            parser.error("--output-dir is required")
+        config = DiagnoseConfig(
+            model=args.model,
+            output_dir=args.output_dir,
+            baseline=args.baseline,
+            images=args.images,
+            prompts=args.prompts,
+            max_samples=args.max_samples,
+            alphas=args.alphas,
+            max_new_tokens=args.max_new_tokens,
+            top_k=args.top_k,
+            batch_size=args.batch_size,
+            device=args.device,
+            dtype=args.dtype,
+            revision=args.revision,
+            baseline_revision=args.baseline_revision,
+            trust_remote_code=args.trust_remote_code,
+            plots=args.plots,
+            progress=args.progress,
+        )
+        from .runner import diagnose
+
+        document, written = diagnose(config)
+    except DiagnosticsError as err:
+        print(f"llava-normaligned diagnose: error: {err}", file=sys.stderr)
+        return 2
+    ratio = document["vision_text_norm_ratio"]
+    line = f"vision/text norm ratio {ratio:.3g}" if ratio is not None else "vision/text norm ratio n/a"
+    if document.get("baseline"):
+        base = document["baseline"]["vision_text_norm_ratio"]
+        line += f" (baseline {base:.3g})" if base is not None else ""
+    print(f"{line}; wrote {len(written)} files to {config.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

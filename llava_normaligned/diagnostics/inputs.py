@@ -1,0 +1,181 @@
+"""Inputs of a diagnostics run: the image folder, the prompt file, and the batches a model's processor makes of them.
+
+Each sample is one (image, prompt) pair, formatted with the model's chat template as a single user turn (image
+first, then the prompt) followed by the assistant header. Every batch also carries the two ablated versions of its
+samples that the blog post uses: the same prompt with a blank white image of the same size, and the same prompt
+with no image at all.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .config import DiagnosticsError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+BLANK_RGB = (255, 255, 255)
+
+
+@dataclass
+class Sample:
+    image_path: str
+    prompt: str
+    prompt_line: int  # 1-based line of the prompt file, for error messages
+
+
+def list_images(folder: str) -> list[str]:
+    """The image files directly inside ``folder``, sorted by name."""
+    if not os.path.isdir(folder):
+        raise DiagnosticsError(f"--images: {folder!r} is not a folder")
+    names = sorted(n for n in os.listdir(folder) if n.lower().endswith(IMAGE_EXTENSIONS))
+    if not names:
+        raise DiagnosticsError(
+            f"--images: the folder {folder!r} holds no image files (looked for {', '.join(IMAGE_EXTENSIONS)})"
+        )
+    return [os.path.join(folder, n) for n in names]
+
+
+def load_prompts(path: str) -> list[tuple[int, str]]:
+    """(line number, prompt) for every non-blank line of ``path`` that does not start with '#'."""
+    if not os.path.isfile(path):
+        raise DiagnosticsError(f"--prompts: {path!r} is not a file")
+    with open(path, encoding="utf-8") as f:
+        prompts = [(i, line.strip()) for i, line in enumerate(f, 1) if line.strip() and not line.startswith("#")]
+    if not prompts:
+        raise DiagnosticsError(f"--prompts: {path!r} holds no prompt (one per line; '#' starts a comment line)")
+    return prompts
+
+
+def open_image(path: str):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, UnidentifiedImageError) as err:
+        raise DiagnosticsError(f"--images: cannot read image {path!r}: {err}") from err
+
+
+def pair_samples(image_paths: list[str], prompts: list[tuple[int, str]], max_samples: int) -> list[Sample]:
+    """At most ``max_samples`` (image, prompt) pairs. First image k with prompt k (both cycled), so that every image
+    and every prompt is used before any pair repeats one; then the other pairs of the full product, each image with
+    the next prompts in turn. No pair occurs twice."""
+    n_images, n_prompts = len(image_paths), len(prompts)
+    order = [(k % n_images, k % n_prompts) for k in range(max(n_images, n_prompts))]
+    seen = set(order)
+    for shift in range(n_prompts):
+        for i in range(n_images):
+            pair = (i, (i + shift) % n_prompts)
+            if pair not in seen:
+                seen.add(pair)
+                order.append(pair)
+    return [Sample(image_paths[i], prompts[p][1], prompts[p][0]) for i, p in order[:max_samples]]
+
+
+# -------------------------------------------------------------------------------------------- formatting
+
+
+def image_token(processor) -> str:
+    token = getattr(processor, "image_token", None) or getattr(processor.tokenizer, "image_token", None)
+    if token is None:
+        raise DiagnosticsError("the processor has no image token (processor.image_token): cannot place the image")
+    return token
+
+
+def has_chat_template(processor) -> bool:
+    return bool(getattr(processor, "chat_template", None) or getattr(processor.tokenizer, "chat_template", None))
+
+
+def format_prompt(processor, prompt: str, with_image: bool) -> str:
+    """The prompt as the model sees it at the start of an answer: a user turn, then the assistant header."""
+    if has_chat_template(processor):
+        content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
+        return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # LLaVA-1.5's own format, for stock checkpoints saved without a chat template.
+    return f"USER: {image_token(processor) + chr(10) if with_image else ''}{prompt} ASSISTANT:"
+
+
+# -------------------------------------------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    samples: list[Sample]
+    inputs: dict  # the processor's output for the real images: input_ids (B, S), attention_mask (B, S), pixel_values
+    blank_pixel_values: torch.Tensor  # the same images, blank
+    text_only: dict  # input_ids (B, S0), attention_mask (B, S0) of the prompts without the image
+    image_mask: torch.Tensor  # (B, S) bool: the image-token positions of `inputs`
+    text_mask: torch.Tensor  # (B, S) bool: the other non-padding positions
+    text_only_mask: torch.Tensor  # (B, S0) bool: the non-padding positions of `text_only`
+
+
+def _encode(processor, texts: list[str], images) -> dict:
+    # A chat template writes its own BOS where the model wants one; the plain LLaVA format relies on the tokenizer's.
+    special = not has_chat_template(processor)
+    if images is None:
+        encoded = processor.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=special)
+    else:
+        encoded = processor(text=texts, images=images, return_tensors="pt", padding=True, add_special_tokens=special)
+    return dict(encoded)
+
+
+def _context_length(config) -> int | None:
+    text_config = getattr(config, "text_config", config)
+    return getattr(text_config, "max_position_embeddings", None)
+
+
+def _check_context(batch_inputs: dict, samples: list[Sample], config, max_new_tokens: int, prompts_path: str):
+    context = _context_length(config)
+    if context is None:
+        return
+    lengths = batch_inputs["attention_mask"].sum(-1).tolist()
+    for sample, length in zip(samples, lengths):
+        if length + max_new_tokens > context:
+            raise DiagnosticsError(
+                f"--prompts: the prompt on line {sample.prompt_line} of {prompts_path!r} is {length} tokens with the "
+                f"image {os.path.basename(sample.image_path)!r} (+{max_new_tokens} new tokens), longer than the "
+                f"model's context of {context} tokens (text_config.max_position_embeddings)"
+            )
+
+
+def make_batches(
+    processor, config, samples: list[Sample], batch_size: int, max_new_tokens: int, prompts_path: str = "prompts"
+) -> list[Batch]:
+    """Encode every sample with the model's processor (left padding), checking each fits the context."""
+    from PIL import Image
+
+    processor.tokenizer.padding_side = "left"  # generation appends on the right
+    image_token_id = getattr(config, "image_token_id", None)
+    if image_token_id is None:
+        image_token_id = getattr(config, "image_token_index", None)
+    batches = []
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start : start + batch_size]
+        images = [open_image(s.image_path) for s in chunk]
+        blanks = [Image.new("RGB", im.size, BLANK_RGB) for im in images]
+        inputs = _encode(processor, [format_prompt(processor, s.prompt, True) for s in chunk], images)
+        _check_context(inputs, chunk, config, max_new_tokens, prompts_path)
+        blank_inputs = _encode(processor, [format_prompt(processor, s.prompt, True) for s in chunk], blanks)
+        text_only = _encode(processor, [format_prompt(processor, s.prompt, False) for s in chunk], None)
+        valid = inputs["attention_mask"].bool()
+        image_mask = (inputs["input_ids"] == image_token_id) & valid
+        if not image_mask.any(dim=-1).all():
+            raise DiagnosticsError(
+                f"the processor placed no image token (id {image_token_id}) in a prompt: check the chat template"
+            )
+        batches.append(
+            Batch(
+                samples=chunk,
+                inputs=inputs,
+                blank_pixel_values=blank_inputs["pixel_values"],
+                text_only=text_only,
+                image_mask=image_mask,
+                text_mask=valid & ~image_mask,
+                text_only_mask=text_only["attention_mask"].bool(),
+            )
+        )
+    return batches

@@ -1,0 +1,141 @@
+"""An estimate of the memory a diagnostics run needs, from a model's config alone (no weights are read).
+
+    peak ~= weights + the largest activations of one pass, +10 % for the allocator
+
+where the passes hold at most: two KV caches (the reference run's, kept while each alpha run builds its own), the
+eager attention probabilities of one layer (fp32, three copies: scores, softmax, the tap's copy), three fp32
+residual-stream tensors (h_0, h_{l-1}, h_l), one MLP intermediate, and fp32 logits at the scored positions. It is an
+estimate: allocator fragmentation and framework buffers vary.
+
+``python -m llava_normaligned.diagnostics.memory`` prints the table of docs/diagnostics.md for reference
+architectures, built from their published dimensions on the meta device.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PROMPT_TOKENS = 64  # chat template + a one-line prompt
+
+
+@dataclass
+class MemoryEstimate:
+    parameters: int
+    weights_bytes: int
+    activation_bytes: int
+    sequence_length: int
+
+    @property
+    def total_bytes(self) -> int:
+        return int(1.1 * (self.weights_bytes + self.activation_bytes))
+
+    def describe(self) -> str:
+        gib = 2**30
+        return (
+            f"{self.parameters / 1e9:.2f}B parameters: weights {self.weights_bytes / gib:.1f} GiB + activations "
+            f"{self.activation_bytes / gib:.1f} GiB (sequence {self.sequence_length}) ~= {self.total_bytes / gib:.1f} "
+            "GiB (estimate)"
+        )
+
+
+def count_parameters(config, trust_remote_code: bool = True) -> int:
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config, trust_remote_code=trust_remote_code)
+    return sum(p.numel() for p in model.parameters())
+
+
+def estimate(config, dtype: str = "bfloat16", batch_size: int = 1, new_tokens: int = 8, parameters=None):
+    """A ``MemoryEstimate`` for a LLaVA-style ``config``."""
+    if dtype not in BYTES:
+        raise ValueError(f"dtype must be one of {sorted(BYTES)}, got {dtype!r}")
+    size = BYTES[dtype]
+    text = config.text_config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    sequence = getattr(config, "image_seq_length", 576) + PROMPT_TOKENS + new_tokens
+    b = batch_size
+    kv_caches = 2 * (2 * text.num_hidden_layers * b * kv_heads * sequence * head_dim * size)
+    attention = 3 * b * heads * sequence * sequence * 4
+    residual = 3 * b * sequence * text.hidden_size * 4
+    mlp = 3 * b * sequence * text.intermediate_size * size
+    logits = 3 * b * new_tokens * text.vocab_size * 4
+    parameters = parameters if parameters is not None else count_parameters(config)
+    return MemoryEstimate(
+        parameters=parameters,
+        weights_bytes=parameters * size,
+        activation_bytes=kv_caches + attention + residual + mlp + logits,
+        sequence_length=sequence,
+    )
+
+
+# ------------------------------------------------------------------------------------- reference architectures
+
+
+def _siglip_so400m_384() -> dict:
+    return dict(model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                num_attention_heads=16, image_size=384, patch_size=14)
+
+
+def _clip_l_336() -> dict:
+    return dict(model_type="clip_vision_model", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                num_attention_heads=16, image_size=336, patch_size=14, projection_dim=768)
+
+
+REFERENCE_ARCHITECTURES = {
+    # name: (vision config, text config, image tokens) from the models' published config.json values
+    "SigLIP-so400m-384 + Qwen2.5-1.5B": (_siglip_so400m_384(), dict(
+        model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True), 729),
+    "SigLIP-so400m-384 + Llama-3.2-3B (paper)": (_siglip_so400m_384(), dict(
+        model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=True), 729),
+    "LLaVA-1.5-7B (CLIP-L-336 + Vicuna-7B)": (_clip_l_336(), dict(
+        model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, vocab_size=32064), 576),
+    "SigLIP-so400m-384 + Qwen2.5-7B (paper)": (_siglip_so400m_384(), dict(
+        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, vocab_size=152064), 729),
+}
+
+
+def reference_config(name: str):
+    from transformers import LlavaConfig
+
+    vision, text, tokens = REFERENCE_ARCHITECTURES[name]
+    strategy = "full" if vision["model_type"].startswith("siglip") else "default"
+    return LlavaConfig(vision_config=vision, text_config=text, image_seq_length=tokens,
+                       vision_feature_select_strategy=strategy)
+
+
+def reference_table(batch_sizes=(1, 4)) -> str:
+    lines = ["| architecture | parameters | " + " | ".join(f"bf16, batch {b}" for b in batch_sizes)
+             + f" | fp32, batch {batch_sizes[0]} |", "|---|---|" + "---|" * (len(batch_sizes) + 1)]
+    for name in REFERENCE_ARCHITECTURES:
+        config = reference_config(name)
+        parameters = count_parameters(config)
+        cells = [estimate(config, "bfloat16", b, parameters=parameters) for b in batch_sizes]
+        cells.append(estimate(config, "float32", batch_sizes[0], parameters=parameters))
+        lines.append(f"| {name} | {parameters / 1e9:.2f}B | "
+                     + " | ".join(f"{c.total_bytes / 2**30:.1f} GiB" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description="Print the memory table of docs/diagnostics.md (estimates).")
+
+
+def main(argv: list[str] | None = None) -> int:
+    make_parser().parse_args(argv)
+    print(reference_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""The paper's probes (§4, Appendix C): RQ1 text-embedding and vision-encoder norms, RQ2 norms through the projector,
+RQ3 the layer-by-layer dynamics of each modality's hidden states.
+
+Averaging convention (every layer statistic): per sample, the mean over that sample's tokens of one modality; then
+the mean over samples, so that each sample weighs the same whatever its length.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .probe_points import ProbePoints
+
+# paper §5.1: rows with ||w|| <= eps (padding, never-trained rows) are left out of T
+TEXT_NORM_EPS = 1e-6
+MODALITIES = ("vision", "text", "all")
+
+
+def _float(x) -> float | None:
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+def norm_stats(values: torch.Tensor | None) -> dict | None:
+    """mean, std (population), median, min, max and count of a 1-D tensor of norms; None when there are none."""
+    if values is None or values.numel() == 0:
+        return None
+    values = values.float()
+    return {
+        "mean": float(values.mean()),
+        "std": float(values.std(correction=0)),
+        "median": float(values.median()),
+        "min": float(values.min()),
+        "max": float(values.max()),
+        "count": int(values.numel()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ RQ1
+
+
+@torch.no_grad()
+def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float = TEXT_NORM_EPS) -> dict:
+    """Statistics of the L2 norms of the LLM's input-embedding rows (paper Table 6) and the top-k rows (Tables 7-8).
+
+    The image token's row is left out: it is never an input (vision features replace it). ``mean``/``std`` are over
+    the remaining rows; ``T`` is the mean over those with norm > eps (paper §5.1), the target of the aligned norm.
+    """
+    norms = points.embeddings.detach().float().norm(dim=-1).cpu()  # (V,)
+    kept = torch.ones_like(norms, dtype=torch.bool)
+    if 0 <= points.image_token_id < norms.numel():
+        kept[points.image_token_id] = False
+    ids = torch.arange(norms.numel())[kept]
+    rows = norms[kept]
+    nonzero = rows[rows > eps]
+    order = rows.argsort(descending=True)[:top_k]
+    top = []
+    for rank, index in enumerate(order.tolist(), 1):
+        token_id = int(ids[index])
+        top.append(
+            {
+                "rank": rank,
+                "token_id": token_id,
+                "token": tokenizer.convert_ids_to_tokens(token_id) if token_id < len(tokenizer) else None,
+                "text": tokenizer.decode([token_id]) if token_id < len(tokenizer) else None,
+                "norm": float(rows[index]),
+            }
+        )
+    config_target = getattr(points.model.config, "norm_target", None)
+    return {
+        "mean": float(rows.mean()),
+        "std": float(rows.std(correction=0)),
+        "T": float(nonzero.mean()) if nonzero.numel() else None,
+        "median": float(rows.median()),
+        "min": float(rows.min()),
+        "max": float(rows.max()),
+        "num_rows": int(rows.numel()),
+        "num_zero_rows": int((rows <= eps).sum()),
+        "eps": eps,
+        "excluded_token_ids": [points.image_token_id],
+        "hidden_size": int(points.embeddings.shape[-1]),
+        "config_norm_target": config_target,
+        "top_k": top,
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ RQ2
+
+
+def vision_norm(collected: dict[str, list[torch.Tensor]], text_target: float | None) -> dict:
+    """Vision-token norm statistics at each stage (see ``ProjectorTap``), each with its ratio to T."""
+    result = {}
+    for stage, values in collected.items():
+        stats = norm_stats(torch.cat(values) if values else None)
+        if stats is not None and text_target:
+            stats["ratio_to_text"] = stats["mean"] / text_target
+        result[stage] = stats
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ RQ3
+
+
+def _derived(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Adds per-token angles in degrees: the rotation of h between layers and the angle phi of the update."""
+    out = dict(stats)
+    out["rotation_deg"] = torch.rad2deg(torch.arccos(stats["cos_to_prev"].clamp(-1, 1)))
+    out["update_angle_deg"] = torch.rad2deg(torch.arccos(stats["update_cos"].clamp(-1, 1)))
+    return out
+
+
+class LayerStats:
+    """Accumulates, for each modality, one (L+1,) curve per sample and statistic; summarises them as means."""
+
+    def __init__(self):
+        self.curves: dict[str, dict[str, list[torch.Tensor]]] = {m: {} for m in MODALITIES}
+
+    def add(self, stacked: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]):
+        """``stacked``: statistic -> (L+1, B, S) from ``ResidualTap``; ``masks``: modality -> (B, S) bool."""
+        stacked = _derived(stacked)
+        for modality, mask in masks.items():
+            for b in range(mask.shape[0]):
+                if not mask[b].any():
+                    continue
+                for name, values in stacked.items():
+                    curve = values[:, b, mask[b]].mean(dim=-1)  # (L+1,)
+                    self.curves[modality].setdefault(name, []).append(curve)
+
+    def mean_curves(self, modality: str) -> dict[str, torch.Tensor]:
+        return {name: torch.stack(curves).mean(0) for name, curves in self.curves[modality].items()}
+
+    def sample_curves(self, modality: str, name: str) -> torch.Tensor:
+        """(num_samples, L+1)."""
+        return torch.stack(self.curves[modality][name])
+
+    def summary(self, modalities=("vision", "text")) -> dict:
+        result = {}
+        for modality in modalities:
+            if not self.curves[modality]:
+                result[modality] = None
+                continue
+            result[modality] = {name: [_float(v) for v in curve] for name, curve in self.mean_curves(modality).items()}
+            result[modality]["num_samples"] = len(next(iter(self.curves[modality].values())))
+        first = next((r for r in result.values() if r), None)
+        result["index"] = list(range(len(first["norm"]))) if first else []
+        return result
+
+
+def pearson(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """Pearson correlation of two 1-D curves (NaN entries dropped pairwise); None when it is undefined."""
+    a, b = a.double(), b.double()
+    keep = ~(a.isnan() | b.isnan())
+    a, b = a[keep] - a[keep].mean(), b[keep] - b[keep].mean()
+    denominator = (a.norm() * b.norm()).item()
+    if a.numel() < 2 or denominator == 0:
+        return None
+    return float((a * b).sum() / denominator)

@@ -1,0 +1,208 @@
+"""Forward hooks that read a model as it runs, each a context manager that removes its hooks on exit.
+
+- ``ProjectorTap``: per-token L2 norms of the vision tokens at each stage (vision tower output, projector input,
+  projector MLP output, norm output, LLM input) and, for the blog's Experiment 1, the scale alpha applied to the
+  projector output before it is scattered into the LLM's input embeddings.
+- ``ResidualTap``: per-token statistics of the LLM's residual stream h_0 (input embeddings) ... h_L (decoder layer
+  outputs, before the final norm), computed layer by layer so that no (L, B, S, D) stack is ever held.
+- ``AttentionTap``: hands each decoder layer's attention probabilities to a callback (eager attention only).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from .config import DiagnosticsError
+from .probe_points import ProbePoints
+
+EPS = 1e-12
+
+
+def _first(output):
+    """A module's main output tensor (modules return a tensor, a tuple, or a ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "last_hidden_state"):
+        return output.last_hidden_state
+    return output[0]
+
+
+def _token_norms(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (#tokens,) float32 L2 norms on the CPU."""
+    return x.detach().float().norm(dim=-1).reshape(-1).cpu()
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity along the last dimension, (..., D) x (..., D) -> (...)."""
+    return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(EPS)
+
+
+class _Hooks:
+    def __init__(self):
+        self._handles = []
+
+    def _add(self, handle):
+        self._handles.append(handle)
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        return False
+
+
+class ProjectorTap(_Hooks):
+    """Records vision-token norms at each stage and multiplies the projector output by ``alpha``.
+
+    Stages (each a list of (#tokens,) tensors, one per forward):
+        encoder_output: the vision tower's last hidden state (CLS dropped under the "default" strategy);
+        before_projector: the projector's input (the selected vision feature layer);
+        after_projector: the projector's MLP output (for a model without a norm: the projector's output);
+        after_norm: the projector norm's output (paper §5.1), only when the model has one;
+        llm_input: what enters the LLM, alpha * projector output.
+    """
+
+    STAGES = ("encoder_output", "before_projector", "after_projector", "after_norm", "llm_input")
+
+    def __init__(self, points: ProbePoints, alpha: float = 1.0):
+        super().__init__()
+        self.points = points
+        self.alpha = float(alpha)
+        self.records = {stage: [] for stage in self.STAGES}
+
+    def __enter__(self):
+        p = self.points
+        self._add(p.vision_tower.register_forward_hook(self._on_vision_output))
+        self._add(p.projector.register_forward_pre_hook(self._on_projector_input))
+        if p.projector_norm is not None:
+            self._add(p.projector_norm.register_forward_pre_hook(self._on_norm_input))
+            self._add(p.projector_norm.register_forward_hook(self._on_norm_output))
+        self._add(p.projector.register_forward_hook(self._on_projector_output))
+        return self
+
+    def _on_vision_output(self, module, args, output):
+        hidden = _first(output)  # (B, N(+1), D_vision)
+        if self.points.vision_feature_select_strategy == "default":
+            hidden = hidden[:, 1:]
+        self.records["encoder_output"].append(_token_norms(hidden))
+
+    def _on_projector_input(self, module, args):
+        self.records["before_projector"].append(_token_norms(args[0]))
+
+    def _on_norm_input(self, module, args):
+        self.records["after_projector"].append(_token_norms(args[0]))
+
+    def _on_norm_output(self, module, args, output):
+        self.records["after_norm"].append(_token_norms(output))
+
+    def _on_projector_output(self, module, args, output):  # (B, N, D_text)
+        if self.points.projector_norm is None:
+            self.records["after_projector"].append(_token_norms(output))
+        if self.alpha != 1.0:
+            output = output * self.alpha  # the blog's Experiment 1: h_v = alpha * Projector(v)
+        self.records["llm_input"].append(_token_norms(output))
+        return output
+
+    def norms(self, stage: str) -> torch.Tensor | None:
+        values = self.records[stage]
+        return torch.cat(values) if values else None
+
+
+class ResidualTap(_Hooks):
+    """Per-token statistics of the residual stream, one (B, S) tensor per layer l = 0..L in each list of ``stats``.
+
+        norm[l]          ||h_l||
+        cos_to_layer0[l] cos(h_l, h_0)
+        cos_to_prev[l]   cos(h_l, h_{l-1})            (NaN at l = 0)
+        update_abs[l]    ||h_l - h_{l-1}||            (the update written by decoder layer l; NaN at l = 0)
+        update_rel[l]    ||h_l - h_{l-1}|| / ||h_{l-1}||
+        update_cos[l]    cos(h_l - h_{l-1}, h_{l-1})  (cos of the paper's angle phi between update and state, §3.1)
+    """
+
+    STATS = ("norm", "cos_to_layer0", "cos_to_prev", "update_abs", "update_rel", "update_cos")
+
+    def __init__(self, points: ProbePoints):
+        super().__init__()
+        self.points = points
+        self.stats = {name: [] for name in self.STATS}
+        self._h0 = self._prev = None
+
+    def __enter__(self):
+        self._add(self.points.layers[0].register_forward_pre_hook(self._on_input, with_kwargs=True))
+        for layer in self.points.layers:
+            self._add(layer.register_forward_hook(self._on_layer_output))
+        return self
+
+    def _on_input(self, module, args, kwargs):
+        h0 = (args[0] if args else kwargs["hidden_states"]).detach().float()  # (B, S, D)
+        for values in self.stats.values():
+            values.clear()
+        nan = torch.full(h0.shape[:-1], float("nan"))
+        self.stats["norm"].append(h0.norm(dim=-1).cpu())
+        self.stats["cos_to_layer0"].append(cosine(h0, h0).cpu())
+        for name in ("cos_to_prev", "update_abs", "update_rel", "update_cos"):
+            self.stats[name].append(nan)
+        self._h0 = self._prev = h0
+
+    def _on_layer_output(self, module, args, output):
+        h = _first(output).detach().float()  # (B, S, D)
+        prev = self._prev
+        update = h - prev
+        update_abs = update.norm(dim=-1)
+        self.stats["norm"].append(h.norm(dim=-1).cpu())
+        self.stats["cos_to_layer0"].append(cosine(h, self._h0).cpu())
+        self.stats["cos_to_prev"].append(cosine(h, prev).cpu())
+        self.stats["update_abs"].append(update_abs.cpu())
+        self.stats["update_rel"].append((update_abs / prev.norm(dim=-1).clamp_min(EPS)).cpu())
+        self.stats["update_cos"].append(cosine(update, prev).cpu())
+        self._prev = h
+
+    def stacked(self) -> dict[str, torch.Tensor]:
+        """Each statistic as one (L+1, B, S) tensor."""
+        if len(self.stats["norm"]) != self.points.num_layers + 1:
+            seen, expected = len(self.stats["norm"]), self.points.num_layers + 1
+            raise RuntimeError(f"the residual tap saw {seen} hidden states, expected {expected}")
+        return {name: torch.stack(values) for name, values in self.stats.items()}
+
+
+class AttentionTap(_Hooks):
+    """Calls ``on_weights(layer_index, probs)`` with each decoder layer's attention probabilities (B, H, Sq, Sk)."""
+
+    def __init__(self, points: ProbePoints, on_weights):
+        super().__init__()
+        self.points = points
+        self.on_weights = on_weights
+
+    def __enter__(self):
+        for index, layer in enumerate(self.points.layers):
+            self._add(layer.self_attn.register_forward_hook(self._make_hook(index)))
+        return self
+
+    def _make_hook(self, index: int):
+        def hook(module, args, output):
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if weights is None:
+                raise DiagnosticsError(
+                    "the attention layers returned no attention probabilities: the text model must run with "
+                    "eager attention for this probe"
+                )
+            self.on_weights(index, weights.detach().float())
+
+        return hook
+
+
+@contextmanager
+def eager_attention(model):
+    """Run the language model with eager attention (the only kind that returns probabilities), then restore it."""
+    text_config = getattr(model.config, "text_config", model.config)
+    previous = getattr(text_config, "_attn_implementation", None) or "sdpa"
+    if previous == "eager":
+        yield
+        return
+    model.set_attn_implementation({"text_config": "eager"})
+    try:
+        yield
+    finally:
+        model.set_attn_implementation({"text_config": previous})

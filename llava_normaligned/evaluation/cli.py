@@ -1,0 +1,367 @@
+"""``llava-normaligned eval``: score a checkpoint on the paper's benchmarks (Table 4) and the demo's task.
+
+    llava-normaligned eval ./llava-na-3b --tasks all --output-dir ./llava-na-3b/eval
+    llava-normaligned eval ./llava-na-3b --tasks pope,mmstar --data-dir /data/bench --limit 50 \
+        --baseline ./llava-3b/eval/results.json --output-dir ./eval-smoke
+
+Every split is loaded (and its schema checked) before the model, so a missing dataset fails in seconds, not
+hours in. Outputs, in --output-dir: samples.jsonl (every sample, appended as it is scored), results.json and
+results.md (rewritten after every task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+from .data import EvalDataError, LoadedSplit, load_split, save_split
+from .report import BaselineError, ResultsWriter, load_baseline, table_markdown
+from .tasks import TASKS, TaskSpec, UnknownTaskError, resolve_tasks
+
+logger = logging.getLogger(__name__)
+
+SAMPLES_FILE = "samples.jsonl"
+
+
+@dataclass
+class EvalConfig:
+    """What to score, on what, and how.
+
+    Model: ``model`` (folder or Hub id), ``revision``, ``quantization`` (None, "4bit", "8bit"), ``device``
+    ("auto": CUDA when there is one), ``dtype`` ("auto" keeps the checkpoint's), ``trust_remote_code``.
+    Data: ``tasks`` (comma-separated names, "all" = Table 4's nine), ``data_dir`` (local copies, DIR/TASK/),
+    ``limit`` (first N samples of each split, for smoke runs).
+    Run: ``batch_size`` (requests per forward), ``max_new_tokens`` (None: each task's default).
+    Output: ``output_dir``, ``baseline`` (an earlier results.json to compare with), ``label`` (the row name in the
+    table; default: the model's folder name), ``overwrite`` / ``resume`` (what to do with an earlier run's files),
+    ``save_data`` (write every loaded split to SAVE_DATA/TASK for an offline machine; with no model, only that).
+    """
+
+    model: str | None
+    tasks: str
+    output_dir: str | None
+    revision: str | None = None
+    quantization: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    trust_remote_code: bool = True
+    data_dir: str | None = None
+    limit: int | None = None
+    batch_size: int = 8
+    max_new_tokens: int | None = None
+    baseline: str | None = None
+    label: str | None = None
+    overwrite: bool = False
+    resume: bool = False
+    save_data: str | None = None
+
+
+class EvalSetupError(RuntimeError):
+    """Bad arguments or inputs found before any sample runs."""
+
+
+def make_eval_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llava-normaligned eval",
+        description="Score a model on the benchmarks of the paper's Table 4 (and the demo's synthetic task).",
+    )
+    parser.add_argument("model", nargs="?", help="checkpoint folder or Hub repo id")
+    parser.add_argument("--tasks", help=f"comma-separated: {', '.join(TASKS)}; 'all' = Table 4's nine")
+    parser.add_argument("--output-dir", help="where samples.jsonl, results.json and results.md go")
+    parser.add_argument("--baseline", help="results.json of an earlier run: the table shows deltas against it")
+    parser.add_argument("--data-dir", help="local copies: DIR/TASK/ holds the split (parquet files or save_to_disk)")
+    parser.add_argument("--limit", type=int, help="score only the first N samples of each task (smoke runs)")
+    parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, help="override each task's generation length")
+    parser.add_argument("--revision", help="Hub revision (branch, tag or commit) of the model")
+    quant = parser.add_mutually_exclusive_group()
+    quant.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes 4-bit (nf4)")
+    quant.add_argument("--load-in-8bit", action="store_true", help="bitsandbytes 8-bit")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false",
+                        help="do not run the checkpoint's own modeling code")
+    parser.add_argument("--label", help="the model's name in the table (default: its folder name)")
+    runs = parser.add_mutually_exclusive_group()
+    runs.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
+    runs.add_argument("--resume", action="store_true",
+                      help="keep an earlier run's finished samples and tasks in --output-dir and do the rest")
+    parser.add_argument("--save-data", metavar="DIR",
+                        help="write each loaded split to DIR/TASK (save_to_disk), a copy for --data-dir on a machine "
+                        "without network; without MODEL, only that")
+    parser.add_argument("--list-tasks", action="store_true", help="print the tasks, their datasets and schemas")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    required = [("--tasks", args.tasks)]
+    if args.model or not args.save_data:  # --save-data alone needs no model
+        required += [("MODEL", args.model), ("--output-dir", args.output_dir)]
+    missing = [flag for flag, value in required if not value]
+    if missing:
+        raise EvalSetupError(f"missing {', '.join(missing)}")
+    if args.limit is not None and args.limit < 1:
+        raise EvalSetupError(f"--limit must be a positive number of samples, got {args.limit}")
+    if args.batch_size < 1:
+        raise EvalSetupError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise EvalSetupError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.data_dir and not os.path.isdir(args.data_dir):
+        raise EvalSetupError(f"--data-dir {args.data_dir}: no such folder")
+    return EvalConfig(
+        model=args.model,
+        tasks=args.tasks,
+        output_dir=args.output_dir,
+        revision=args.revision,
+        quantization="4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None,
+        device=args.device,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        data_dir=args.data_dir,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        baseline=args.baseline,
+        label=args.label,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        save_data=args.save_data,
+    )
+
+
+def list_tasks() -> str:
+    lines = ["| task | Table 4 column | Hub dataset | config | split | kind | columns |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for spec in TASKS.values():
+        hub = spec.hub
+        lines.append(
+            f"| {spec.name} | {spec.column} | {hub.path if hub else '(local only)'} | {hub.config or '' if hub else ''} | "
+            f"{hub.split if hub else 'test'} | {spec.kind} | {', '.join(spec.columns)} |"
+        )
+    return "\n".join(lines)
+
+
+# ---- the run, stage by stage ----
+def load_splits(specs: list[TaskSpec], cfg: EvalConfig) -> dict[str, LoadedSplit]:
+    """Every task's split, schema-checked, before any model is loaded."""
+    splits = {}
+    for spec in specs:
+        splits[spec.name] = load_split(spec, cfg.data_dir, cfg.limit)
+        logger.info("%s: %d samples from %s (%s)", spec.name, len(splits[spec.name]), splits[spec.name].location,
+                    splits[spec.name].source)
+    return splits
+
+
+def save_splits(specs: list[TaskSpec], splits: dict[str, LoadedSplit], cfg: EvalConfig) -> None:
+    for spec in specs:
+        if spec.hub is None:
+            logger.info("%s: local only, not saved (copy %s)", spec.name, splits[spec.name].location)
+            continue
+        folder = save_split(spec, splits[spec.name], cfg.save_data)
+        logger.info("%s: saved %d samples to %s", spec.name, len(splits[spec.name]), folder)
+
+
+def method_label(config) -> str:
+    """The paper's name for the variant a checkpoint is (Table 4's "Method" column)."""
+    if getattr(config, "model_type", None) != "llava_normaligned":
+        return f"w/o Norm ({getattr(config, 'model_type', 'stock')})"
+    if config.projector_norm is None:
+        return "w/o Norm"
+    init = " default init" if config.norm_init == "default" else ""
+    return f"w/ Norm{init} (w/ GWC)" if config.gradient_compensation else f"w/ Norm{init} (w/o GWC)"
+
+
+def load_evaluated_model(cfg: EvalConfig):
+    from llava_normaligned.inference import load_model
+
+    try:
+        return load_model(
+            cfg.model,
+            revision=cfg.revision,
+            quantization=cfg.quantization,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    except Exception as exc:
+        raise EvalSetupError(f"cannot load model {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def check_output(cfg: EvalConfig) -> None:
+    """Refuse to touch an earlier run's files in --output-dir unless --overwrite or --resume says what to do, and
+    refuse to resume a run of another model, revision or --limit."""
+    earlier = [f for f in (SAMPLES_FILE, "results.json") if os.path.exists(os.path.join(cfg.output_dir, f))]
+    if earlier and not (cfg.overwrite or cfg.resume):
+        raise EvalSetupError(f"{cfg.output_dir} already holds {', '.join(earlier)} of an earlier run: pass "
+                             "--resume to continue it, --overwrite to replace it, or another --output-dir")
+    results_path = os.path.join(cfg.output_dir, "results.json")
+    if cfg.resume and os.path.exists(results_path):
+        try:
+            with open(results_path, encoding="utf-8") as f:
+                earlier_run = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise EvalSetupError(f"--resume: cannot read {results_path} ({exc})") from exc
+        ran = {"model": earlier_run.get("model"), "revision": earlier_run.get("revision"),
+               "limit": earlier_run.get("settings", {}).get("limit")}
+        for key, value in ran.items():
+            if value != getattr(cfg, key):
+                raise EvalSetupError(f"--resume: {results_path} is a run with {key} {value!r}, "
+                                     f"not {getattr(cfg, key)!r}")
+
+
+def prepare_output(cfg: EvalConfig) -> dict[str, list[dict]]:
+    """Create --output-dir and samples.jsonl. Returns, per task, the finished sample records of an earlier run
+    (``--resume``), which are kept in samples.jsonl; failed ones are dropped to run again."""
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    samples_path = os.path.join(cfg.output_dir, SAMPLES_FILE)
+    if cfg.resume and os.path.exists(samples_path):
+        return _resume_samples(samples_path)
+    open(samples_path, "w").close()
+    return {}
+
+
+def _resume_samples(samples_path: str) -> dict[str, list[dict]]:
+    kept: dict[str, list[dict]] = {}
+    with open(samples_path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line of a killed run may be cut short
+            if not record.get("error"):  # failed samples run again
+                kept.setdefault(record["task"], []).append(record)
+    from .report import write_text_atomic
+
+    write_text_atomic(samples_path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
+                                            for records in kept.values() for r in records))
+    return kept
+
+
+def _progress_bar(total: int, name: str):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=name, unit="sample", disable=None, leave=False)
+    return bar
+
+
+def run_task(spec: TaskSpec, split: LoadedSplit, model, processor, sink, cfg: EvalConfig, earlier: list[dict]) -> dict:
+    """Run one task (skipping rows an earlier run finished) and score every record."""
+    from .loglik import run_loglik
+    from .runner import run_generation
+
+    earlier = [r for r in earlier if r.get("row") is not None and r["row"] < len(split)]
+    skip = frozenset(r["row"] for r in earlier)
+    bar = _progress_bar(len(split) - len(skip), spec.name)
+    try:
+        if spec.kind == "loglik":
+            records = run_loglik(spec, split, model, processor.tokenizer, sink, batch_size=cfg.batch_size,
+                                 skip=skip, progress=bar.update)
+        else:
+            max_new = cfg.max_new_tokens or spec.max_new_tokens
+            records = run_generation(spec, split, model, processor, sink, batch_size=cfg.batch_size,
+                                     max_new_tokens=max_new, skip=skip, progress=bar.update)
+    finally:
+        bar.close()
+    records = sorted(earlier + records, key=lambda r: r["row"])
+    entry = spec.score(records)
+    entry.update(
+        column=spec.column,
+        dataset={"source": split.source, "location": split.location, "rows": len(split)},
+        max_new_tokens=(cfg.max_new_tokens or spec.max_new_tokens) if spec.kind == "generate" else None,
+        notes=spec.notes,
+    )
+    return entry
+
+
+def _header(cfg: EvalConfig, model) -> dict:
+    import datasets
+    import torch
+    import transformers
+
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        package_version = version("llava-normaligned")
+    except PackageNotFoundError:
+        package_version = None
+    return {
+        "model": cfg.model,
+        "revision": cfg.revision,
+        "label": cfg.label or os.path.basename(os.path.normpath(cfg.model)),
+        "method": method_label(model.config),
+        "settings": {k: v for k, v in asdict(cfg).items() if k not in ("model", "revision", "label", "output_dir")},
+        "versions": {
+            "llava_normaligned": package_version,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "datasets": datasets.__version__,
+        },
+    }
+
+
+def evaluate(cfg: EvalConfig, baseline: dict | None = None) -> dict:
+    """The whole run; returns the results (also in cfg.output_dir). Raises EvalSetupError / EvalDataError /
+    UnknownTaskError / BaselineError before any sample runs; after that, a failing task is recorded and skipped."""
+    from .runner import SampleSink
+
+    specs = resolve_tasks(cfg.tasks)
+    if baseline is None and cfg.baseline:
+        baseline = load_baseline(cfg.baseline)
+    if cfg.output_dir:
+        check_output(cfg)
+    splits = load_splits(specs, cfg)
+    if cfg.save_data:
+        save_splits(specs, splits, cfg)
+    if cfg.model is None:
+        return {}
+    model, processor = load_evaluated_model(cfg)
+    earlier = prepare_output(cfg)
+    writer = ResultsWriter(cfg.output_dir, _header(cfg, model), [s.name for s in specs], baseline)
+    sink = SampleSink(os.path.join(cfg.output_dir, SAMPLES_FILE))
+    try:
+        for spec in specs:
+            try:
+                entry = run_task(spec, splits[spec.name], model, processor, sink, cfg, earlier.get(spec.name, []))
+            except Exception as exc:  # the other tasks still run; this one is reported as failed
+                logger.exception("task %s failed", spec.name)
+                writer.task_failed(spec.name, f"{type(exc).__name__}: {exc}")
+                continue
+            writer.task_done(spec.name, entry)
+            logger.info("%s: %s = %.2f (%d samples, %d errors)", spec.name, entry["metric"], entry["score"],
+                        entry["n"], entry["n_errors"])
+    finally:
+        sink.close()
+    writer.close()
+    return writer.results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_eval_parser()
+    args = parser.parse_args(argv)
+    if args.list_tasks:
+        print(list_tasks())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+        baseline = load_baseline(cfg.baseline) if cfg.baseline else None
+        results = evaluate(cfg, baseline)
+    except (EvalSetupError, EvalDataError, UnknownTaskError, BaselineError) as exc:
+        print(f"llava-normaligned eval: error: {exc}", file=sys.stderr)
+        return 2
+    if cfg.model is None:
+        print(f"saved the splits under {cfg.save_data}; evaluate offline with --data-dir {cfg.save_data}")
+        return 0
+    print(table_markdown(results, baseline))
+    print(f"\nwrote {os.path.join(cfg.output_dir, 'results.json')}, results.md and {SAMPLES_FILE}")
+    errors = sum(entry.get("n_errors", 0) for entry in results["tasks"].values())
+    if errors:
+        print(f"warning: {errors} samples raised errors and were scored wrong (see 'error' in {SAMPLES_FILE})",
+              file=sys.stderr)
+    return 1 if results["failed_tasks"] else 0
+
+
+__all__ = ["EvalConfig", "evaluate", "main", "make_eval_parser"]

@@ -1,0 +1,153 @@
+"""Log-likelihood multiple choice (HellaSwag, MMLU), text only, as lm-eval scores it.
+
+Each option's score is the summed log-probability of its continuation tokens given the context. ``acc`` picks the
+highest sum; ``acc_norm`` divides by the choice's length in characters first. Text goes to the LLM without a
+chat template and with the tokenizer's own special tokens (a BOS where the tokenizer adds one), as lm-eval does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .data import LoadedSplit
+from .prompts import LoglikRequest
+from .runner import SampleSink, build_requests, chunks, error_record
+from .tasks import TaskSpec
+
+logger = logging.getLogger(__name__)
+
+
+def _device_of(model) -> torch.device:
+    return next(p.device for p in model.parameters() if p.device.type != "meta")
+
+
+def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids). The pair is encoded whole and split where the context's encoding ends, so
+    that a merge across the boundary is credited to the continuation; a space ending the context moves over."""
+    if context.endswith(" "):
+        stripped = context.rstrip(" ")
+        continuation = context[len(stripped) :] + continuation
+        context = stripped
+    whole = tokenizer(context + continuation, add_special_tokens=True)["input_ids"]
+    ctx = tokenizer(context, add_special_tokens=True)["input_ids"]
+    cont = whole[len(ctx) :]
+    if not cont:
+        raise ValueError(f"continuation {continuation!r} encodes to no tokens after the context")
+    return whole[: len(ctx)], cont
+
+
+@torch.no_grad()
+def continuation_logprobs(model, tokenizer, pairs: list[tuple[list[int], list[int]]], max_length: int | None = None) -> list[float]:
+    """Summed log p(continuation | context) for each (context ids, continuation ids), in one left-padded batch.
+
+    Row i is (context + continuation)[:-1]; with left padding its continuation is predicted by its last
+    len(continuation) positions, so only the last max(len(continuation)) logits are computed.
+    """
+    rows, conts = [], []
+    for ctx, cont in pairs:
+        ids = (ctx + cont)[:-1]
+        if max_length is not None and len(ids) > max_length:
+            ids = ids[-max_length:]  # drop the oldest context tokens, as lm-eval does
+        rows.append(ids)
+        conts.append(cont)
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, ids in enumerate(rows):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[i, width - len(ids) :] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # positions count real tokens only
+    keep = max(len(c) for c in conts)
+    device = _device_of(model)
+    logits = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=position_ids.to(device),
+        logits_to_keep=keep,
+    ).logits  # (B, keep, V)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    scores = []
+    for i, cont in enumerate(conts):
+        target = torch.tensor(cont, device=logprobs.device)
+        picked = logprobs[i, keep - len(cont) :].gather(-1, target[:, None])  # (len(cont), 1)
+        scores.append(float(picked.sum()))
+    return scores
+
+
+def _max_length(model) -> int | None:
+    config = getattr(model.config, "text_config", model.config)
+    return getattr(config, "max_position_embeddings", None)
+
+
+def score_requests(model, tokenizer, requests: list[LoglikRequest], batch_size: int) -> list[list[float]]:
+    """Per request, the log-likelihood of each continuation; option pairs are batched across requests."""
+    flat = [(r_i, encode_pair(tokenizer, r.context, c)) for r_i, r in enumerate(requests) for c in r.continuations]
+    scores: list[list[float]] = [[] for _ in requests]
+    for batch in chunks(flat, batch_size):
+        values = continuation_logprobs(model, tokenizer, [pair for _, pair in batch], _max_length(model))
+        for (r_i, _), value in zip(batch, values):
+            scores[r_i].append(value)
+    return scores
+
+
+def _argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=lambda i: values[i])
+
+
+def _judged(spec: TaskSpec, row: int, request: LoglikRequest, lls: list[float]) -> dict:
+    choice = _argmax(lls)
+    # lm-eval's acc_norm: per character of the choice itself, without the space that joins it to the context
+    choice_norm = _argmax([ll / max(len(c.lstrip()), 1) for ll, c in zip(lls, request.continuations)])
+    return {
+        "task": spec.name,
+        "row": row,
+        "doc_id": request.doc_id,
+        "prompt": request.context,
+        "prediction": request.continuations[choice],
+        "extracted": choice,
+        "extracted_norm": choice_norm,
+        "gold": request.gold,
+        "correct": choice == request.gold,
+        "correct_norm": choice_norm == request.gold,
+        "loglikelihoods": lls,
+        "meta": request.meta,
+        "error": None,
+    }
+
+
+def run_loglik(spec: TaskSpec, split: LoadedSplit, model, tokenizer, sink: SampleSink, *, batch_size: int,
+               skip: frozenset[int] = frozenset(), progress=None) -> list[dict]:
+    """Every row of ``split`` (but those in ``skip``) scored, ``batch_size`` requests at a time; a request's
+    options go through the model together with the other requests' options."""
+    records: list[dict] = []
+
+    def emit(record: dict) -> None:
+        records.append(record)
+        sink.write(record)
+
+    todo = [i for i in range(len(split)) if i not in skip]
+    for indices in chunks(todo, batch_size):
+        batch = []
+        for idx, request, exc in build_requests(spec, split, indices):
+            if exc is not None:
+                emit(error_record(spec.name, idx, exc, request))
+            else:
+                batch.append((idx, request))
+        try:
+            all_scores = score_requests(model, tokenizer, [r for _, r in batch], batch_size * 4) if batch else []
+        except Exception as exc:
+            logger.warning("%s: a batch of %d failed (%s); retrying one by one", spec.name, len(batch), exc)
+            all_scores = None
+        for k, (idx, request) in enumerate(batch):
+            try:
+                lls = all_scores[k] if all_scores is not None else score_requests(model, tokenizer, [request], 4)[0]
+                record = _judged(spec, idx, request, lls)
+            except Exception as exc:
+                record = error_record(spec.name, idx, exc, request)
+            emit(record)
+        if progress is not None:
+            progress(len(indices))
+    return records

@@ -1,0 +1,199 @@
+"""Offline copies of every benchmark, a few rows each, in the benchmark's own Hub schema (images drawn in code).
+
+Written the ways a user would put a copy under ``--data-dir``: parquet files in the Hub's layout
+(``data/<split>-00000-of-00001.parquet``), a single ``Dataset.to_parquet`` file, or a ``save_to_disk`` folder.
+The column sets are those of the Hub datasets named in ``llava_normaligned.evaluation.tasks`` (extra columns the
+scorer does not read are kept, as the Hub has them).
+"""
+
+from __future__ import annotations
+
+import os
+
+from PIL import Image
+
+
+def image(colour: tuple[int, int, int], size: int = 24) -> Image.Image:
+    return Image.new("RGB", (size, size), colour)
+
+
+RED, GREEN, BLUE = (220, 40, 40), (40, 170, 60), (40, 80, 220)
+
+
+def pope_rows() -> list[dict]:
+    rows = []
+    for i, (category, answer) in enumerate(
+        [("adversarial", "yes"), ("adversarial", "no"), ("popular", "yes"), ("popular", "no"), ("random", "yes"),
+         ("random", "no")]
+    ):
+        rows.append({
+            "id": str(i), "question_id": str(i + 1), "question": f"Is there a {'dog' if i % 2 else 'cat'} in the image?",
+            "answer": answer, "image_source": f"COCO_val2014_{i:012d}", "image": image(RED), "category": category,
+        })
+    return rows
+
+
+def mmbench_rows() -> list[dict]:
+    base = dict(source="synthetic", split="dev", comment=None, image=None)
+    return [
+        {**base, "index": 0, "question": "What colour is the square?", "hint": None, "A": "red", "B": "green",
+         "C": "blue", "D": "nan", "answer": "A", "category": "color_recognition", "L2-category": "finegrained_perception",
+         "image": image(RED)},
+        {**base, "index": 1, "question": "Which shape is shown?", "hint": "Look at the centre.", "A": "circle",
+         "B": "square", "C": "triangle", "D": "cross", "answer": "B", "category": "object_localization",
+         "L2-category": "finegrained_perception", "image": image(GREEN)},
+        # circular copy of question 0 with its options rotated (MMBench: index + 1e6)
+        {**base, "index": 1_000_000, "question": "What colour is the square?", "hint": "nan", "A": "green",
+         "B": "blue", "C": "red", "D": "nan", "answer": "C", "category": "color_recognition",
+         "L2-category": "finegrained_perception", "image": image(RED)},
+    ]
+
+
+def mmstar_rows() -> list[dict]:
+    return [
+        {"index": i, "question": f"Which colour fills the image?\nOptions: A: red, B: green, C: blue, D: grey",
+         "image": image(c), "answer": a, "category": cat, "l2_category": l2, "meta_info": "{}"}
+        for i, (c, a, cat, l2) in enumerate([
+            (RED, "A", "coarse perception", "image scene and topic"),
+            (GREEN, "B", "fine-grained perception", "recognition"),
+            (BLUE, "C", "math", "geometry"),
+        ])
+    ]
+
+
+def seedbench_rows() -> list[dict]:
+    return [
+        {"question_id": str(i), "question": "What is the highest bar's label?", "choice_A": "2019", "choice_B": "2020",
+         "choice_C": "2021", "choice_D": "2022", "answer": a, "question_image_type": kind,
+         "question_image_subtype": "bar chart", "data_id": f"text_rich/{i}.png", "data_source": "SEED-Bench v2 plus",
+         "data_type": "Single Image", "level": "L1", "subpart": "Single-Image & Text Comprehension", "version": "v2+",
+         "image": image(BLUE)}
+        for i, (a, kind) in enumerate([("A", "chart"), ("C", "map"), ("D", "web")])
+    ]
+
+
+def ocrbench_rows() -> list[dict]:
+    return [
+        {"dataset": "IIIT5K", "question": "what is written in the image?", "answer": ["Hello"],
+         "question_type": "Regular Text Recognition", "image": image(GREEN)},
+        {"dataset": "HME100k", "question": "Please write out the expression of the formula in the image using LaTeX format.",
+         "answer": ["x ^ { 2 }"], "question_type": "Handwritten Mathematical Expression Recognition", "image": image(RED)},
+        {"dataset": "docVQA", "question": "What is the date?", "answer": ["May 5", "5 May"],
+         "question_type": "Doc-oriented VQA", "image": image(BLUE)},
+    ]
+
+
+def scienceqa_rows() -> list[dict]:
+    extra = dict(task="closed choice", grade="grade4", topic="physics", category="Velocity", skill="x", lecture="",
+                 solution="")
+    return [
+        {**extra, "image": image(RED), "question": "Which object is red?", "choices": ["ball", "leaf"], "answer": 0,
+         "hint": "", "subject": "natural science"},
+        {**extra, "image": image(GREEN), "question": "Which continent is highlighted?",
+         "choices": ["Asia", "Europe", "Africa"], "answer": 2, "hint": "This is a map.", "subject": "social science"},
+    ]
+
+
+def ai2d_rows() -> list[dict]:
+    return [
+        {"question": "Which label shows the sun?", "options": ["A", "B", "C", "D"], "answer": "1", "image": image(BLUE)},
+        {"question": "What eats the grass?", "options": ["rabbit", "hawk", "sun", "soil"], "answer": "0",
+         "image": image(GREEN)},
+    ]
+
+
+def hellaswag_rows() -> list[dict]:
+    return [
+        {"ind": 24, "activity_label": "Roof shingle removal", "ctx_a": "A man is sitting on a roof.", "ctx_b": "he",
+         "ctx": "A man is sitting on a roof. he", "endings": [
+             "is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
+             "is holding a rubik's cube.", "starts pulling up roofing on a roof."],
+         "source_id": "activitynet~v_-JhWjGDPHMY", "split": "val", "split_type": "indomain", "label": "3"},
+        {"ind": 92, "activity_label": "Clean and jerk", "ctx_a": "A lady walks to a barbell.",
+         "ctx_b": "she", "ctx": "A lady walks to a barbell. she", "endings": [
+             "bends down and grabs the pole.", "swings and lands in her arms.", "pulls a rope [title] tight.",
+             "stands and throws the bar."],
+         "source_id": "activitynet~v_-lJS58hyo1c", "split": "val", "split_type": "zeroshot", "label": "0"},
+    ]
+
+
+def mmlu_rows() -> list[dict]:
+    return [
+        {"question": "What is 2 + 2?", "subject": "elementary_mathematics", "choices": ["3", "4", "5", "6"], "answer": 1},
+        {"question": "Who wrote the Republic?", "subject": "philosophy",
+         "choices": ["Plato", "Kant", "Hume", "Locke"], "answer": 0},
+    ]
+
+
+ROWS = {
+    "pope": pope_rows,
+    "mmbench_en_dev": mmbench_rows,
+    "mmstar": mmstar_rows,
+    "seedbench_2_plus": seedbench_rows,
+    "ocrbench": ocrbench_rows,
+    "scienceqa_img": scienceqa_rows,
+    "ai2d": ai2d_rows,
+    "hellaswag": hellaswag_rows,
+    "mmlu": mmlu_rows,
+}
+# how each copy is written: the Hub's parquet layout, one to_parquet file, or save_to_disk (Dataset / DatasetDict)
+LAYOUT = {
+    "pope": "hub",
+    "mmbench_en_dev": "hub",
+    "mmstar": "to_parquet",
+    "seedbench_2_plus": "save_to_disk",
+    "ocrbench": "hub",
+    "scienceqa_img": "dataset_dict",
+    "ai2d": "to_parquet",
+    "hellaswag": "hub",
+    "mmlu": "to_parquet",
+}
+
+
+def to_dataset(rows: list[dict]):
+    """A datasets.Dataset with PIL columns typed as Image(), as the Hub copies are."""
+    from datasets import Dataset, Image as ImageFeature
+
+    dataset = Dataset.from_list(rows)
+    if "image" in dataset.column_names:
+        dataset = dataset.cast_column("image", ImageFeature())
+    return dataset
+
+
+def write_copy(task: str, data_dir: str, rows: list[dict] | None = None, layout: str | None = None) -> str:
+    """Write ``rows`` (default: the task's fixture rows) as DATA_DIR/TASK in ``layout``; returns the folder."""
+    from llava_normaligned.evaluation.tasks import TASKS
+
+    split = TASKS[task].hub.split
+    folder = os.path.join(data_dir, task)
+    dataset = to_dataset(rows if rows is not None else ROWS[task]())
+    layout = layout or LAYOUT[task]
+    if layout == "hub":
+        dataset.to_parquet(os.path.join(folder, "data", f"{split}-00000-of-00001.parquet"))
+    elif layout == "to_parquet":
+        dataset.to_parquet(os.path.join(folder, f"{split}.parquet"))
+    elif layout == "save_to_disk":
+        dataset.save_to_disk(folder)
+    elif layout == "dataset_dict":
+        from datasets import DatasetDict
+
+        DatasetDict({split: dataset, "validation": dataset.select([0])}).save_to_disk(folder)
+    else:
+        raise ValueError(layout)
+    return folder
+
+
+def write_synthetic(data_dir: str) -> str:
+    """The demo's held-out split, written by `make-data` itself (64 test questions, 32-px images)."""
+    from llava_normaligned.trainer.synthetic import SyntheticSpec, make_dataset
+
+    folder = os.path.join(data_dir, "synthetic")
+    make_dataset(folder, SyntheticSpec(train_per_template=16, test_per_template=16), progress=False)
+    return folder
+
+
+def write_all(data_dir: str) -> str:
+    for task in ROWS:
+        write_copy(task, data_dir)
+    write_synthetic(data_dir)
+    return data_dir

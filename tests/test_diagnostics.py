@@ -1,0 +1,383 @@
+"""Norm-gap diagnostics on tiny models built in code, where the right answers are known by construction."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from llava_normaligned.diagnostics import DiagnoseConfig, DiagnosticsError, main
+from llava_normaligned.diagnostics.default_inputs import (
+    SCENES,
+    default_images_dir,
+    default_prompts_file,
+    draw_scene,
+)
+from llava_normaligned.diagnostics.inputs import list_images, load_prompts, pair_samples
+from llava_normaligned.diagnostics.probe_points import locate
+from llava_normaligned.diagnostics.runner import probe_model
+from llava_normaligned.diagnostics.theory import compare_rotation, tan_theta_eff, theta_eff
+
+REQUIRED = ("text_embedding_norm", "vision_norm", "vision_text_norm_ratio", "layers", "alpha_sweep")
+LAYER_STATS = ("norm", "cos_to_layer0", "cos_to_prev", "update_abs", "update_rel")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread; two threads on a busy 2-core box spend most of their time waiting."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def stock_model_dir(tiny_parts, tmp_path_factory):
+    """A stock transformers ``LlavaForConditionalGeneration`` folder holding the same tiny parts and the same
+    projector MLP as the aligned model, without the norm (paper: w/o Norm)."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    from llava_normaligned.compose import compose
+
+    out = str(tmp_path_factory.mktemp("tiny_stock"))
+    composed, processor = compose(*tiny_parts, projector_norm=None)
+    fields = composed.config.to_dict()
+    for key in ("model_type", "architectures", "auto_map", "transformers_version", "projector_norm", "norm_target",
+                "norm_init", "gradient_compensation", "gradient_compensation_min"):
+        fields.pop(key, None)
+    stock = LlavaForConditionalGeneration(LlavaConfig(**fields))
+    stock.load_state_dict(composed.state_dict(), strict=True)
+    stock.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cli_run(tiny_model_dir, stock_model_dir, tmp_path_factory):
+    """One end-to-end CLI run with a baseline: 3 samples in batches of 2 (a padded, ragged last batch)."""
+    out = str(tmp_path_factory.mktemp("diagnostics"))
+    rc = main([tiny_model_dir, "--baseline", stock_model_dir, "--output-dir", out, "--max-samples", "3",
+               "--batch-size", "2", "--max-new-tokens", "3", "--no-progress"])
+    assert rc == 0
+    with open(os.path.join(out, "diagnostics.json"), encoding="utf-8") as f:
+        return out, json.load(f)
+
+
+def _samples(n: int):
+    return pair_samples(list_images(default_images_dir()), load_prompts(default_prompts_file()), n)
+
+
+def _probe(model, processor, n=2, batch_size=2, alphas=(1.0,), new_tokens=2):
+    config = DiagnoseConfig(model="in-memory", output_dir="unused", max_samples=n, batch_size=batch_size,
+                            alphas=alphas, max_new_tokens=new_tokens, progress=False)
+    return probe_model(model, processor, config, _samples(n))
+
+
+# ------------------------------------------------------------------------------------------------- RQ1
+
+
+def test_text_embedding_statistics_equal_a_direct_computation(tiny_model, tiny_processor):
+    stats = _probe(tiny_model, tiny_processor)["text_embedding_norm"]
+    weight = tiny_model.get_input_embeddings().weight.detach()
+    image_id = tiny_model.config.image_token_id
+    norms = torch.cat([weight[:image_id], weight[image_id + 1:]]).norm(dim=-1)
+    assert stats["num_rows"] == weight.shape[0] - 1
+    assert stats["mean"] == pytest.approx(norms.mean().item(), rel=1e-6)
+    assert stats["std"] == pytest.approx(norms.std(correction=0).item(), rel=1e-6)
+    assert stats["T"] == pytest.approx(norms[norms > 1e-6].mean().item(), rel=1e-6)
+    # compose stored T before adding the image token: the same rows, the same number
+    assert stats["T"] == pytest.approx(tiny_model.config.norm_target, rel=1e-5)
+    ids = [row["token_id"] for row in stats["top_k"]]
+    order = [i if i < image_id else i + 1 for i in norms.argsort(descending=True)[:10].tolist()]
+    assert ids == order
+    assert stats["top_k"][0]["token"] == tiny_processor.tokenizer.convert_ids_to_tokens(ids[0])
+
+
+# ------------------------------------------------------------------------------------------------- RQ2
+
+
+@pytest.mark.parametrize("variant", ["stock", "aligned"])
+def test_scaling_the_projector_output_by_k_scales_vision_norm_and_ratio_by_k(
+    variant, tiny_model_dir, stock_model_dir
+):
+    from llava_normaligned.inference import load_model
+
+    model, processor = load_model(stock_model_dir if variant == "stock" else tiny_model_dir)
+    before = _probe(model, processor)
+    k = 3.0
+    projector = model.model.multi_modal_projector
+    norm = getattr(projector, "norm", None)
+    last = projector.linear_2 if norm is None else norm  # the module whose output enters the LLM
+    with torch.no_grad():
+        last.weight.mul_(k)
+        last.bias.mul_(k)
+    after = _probe(model, processor)
+    stage = "after_projector" if variant == "stock" else "after_norm"
+    assert after["vision_norm"][stage]["mean"] == pytest.approx(k * before["vision_norm"][stage]["mean"], rel=1e-5)
+    assert after["vision_norm"]["llm_input"]["mean"] == pytest.approx(
+        k * before["vision_norm"]["llm_input"]["mean"], rel=1e-5
+    )
+    assert after["vision_text_norm_ratio"] == pytest.approx(k * before["vision_text_norm_ratio"], rel=1e-5)
+    ratio = before["vision_text_norm_ratio_prompt"]
+    assert after["vision_text_norm_ratio_prompt"] == pytest.approx(k * ratio, rel=1e-4)
+    assert after["vision_norm"]["before_projector"] == before["vision_norm"]["before_projector"]
+    assert after["text_embedding_norm"]["T"] == before["text_embedding_norm"]["T"]
+    if variant == "aligned":  # paper §5.1: the norm brings the vision tokens to about T whatever the MLP emits
+        assert before["vision_text_norm_ratio"] == pytest.approx(1.0, abs=0.1)
+    else:
+        assert before["vision_norm"]["after_norm"] is None
+
+
+# ------------------------------------------------------------------------------------------------- RQ3
+
+
+def test_layer_statistics_by_construction(cli_run):
+    _, doc = cli_run
+    for numbers in (doc, doc["baseline"]):
+        layers = numbers["layers"]
+        assert layers["index"] == list(range(numbers["num_layers"] + 1))
+        for modality in ("vision", "text"):
+            curves = layers[modality]
+            assert set(LAYER_STATS) <= set(curves)
+            assert all(len(curves[s]) == numbers["num_layers"] + 1 for s in LAYER_STATS)
+            assert curves["cos_to_layer0"][0] == pytest.approx(1.0, abs=1e-6)
+            assert curves["cos_to_prev"][0] is None and curves["update_abs"][0] is None
+            assert curves["cos_to_prev"][1] == pytest.approx(curves["cos_to_layer0"][1], abs=1e-6)
+            assert all(0 < v for v in curves["update_abs"][1:])
+        # the residual stream's layer-0 vision tokens are exactly what the projector tap saw entering the LLM
+        assert layers["vision"]["norm"][0] == pytest.approx(numbers["vision_norm"]["llm_input"]["mean"], rel=1e-5)
+
+
+def test_batched_and_unbatched_runs_agree(tiny_model, tiny_processor):
+    one = _probe(tiny_model, tiny_processor, n=3, batch_size=1, alphas=(0.1, 1.0))
+    three = _probe(tiny_model, tiny_processor, n=3, batch_size=3, alphas=(0.1, 1.0))
+    for modality in ("vision", "text"):
+        for stat in LAYER_STATS:
+            a, b = one["layers"][modality][stat], three["layers"][modality][stat]
+            assert [x is None for x in a] == [x is None for x in b]
+            assert [x for x in a if x is not None] == pytest.approx([x for x in b if x is not None], rel=1e-4, abs=1e-6)
+    assert one["alpha_sweep"]["rows"][0]["logit_kl"] == pytest.approx(
+        three["alpha_sweep"]["rows"][0]["logit_kl"], rel=1e-3, abs=1e-7
+    )
+    assert one["attention"]["prefill"]["vision"] == pytest.approx(three["attention"]["prefill"]["vision"], rel=1e-5)
+
+
+# -------------------------------------------------------------------------------------------- the blog's experiments
+
+
+def test_alpha_one_is_the_reference_and_alpha_scales_the_ratio(cli_run):
+    _, doc = cli_run
+    for numbers in (doc, doc["baseline"]):
+        sweep = numbers["alpha_sweep"]
+        assert sweep["alphas"] == [0.01, 0.03, 0.05, 0.07, 0.1, 0.3, 1.0, 3.0]
+        rows = {row["alpha"]: row for row in sweep["rows"]}
+        reference = rows[1.0]
+        assert reference["logit_kl"] == 0.0 and reference["attention_kl"] == 0.0
+        assert reference["median_rank"] == 1.0 and reference["greedy_agreement"] == 1.0
+        assert reference["cos_k"] == pytest.approx(1.0, abs=1e-6) and reference["cos_v"] == pytest.approx(1.0, abs=1e-6)
+        assert reference["vision_text_norm_ratio"] == pytest.approx(numbers["vision_text_norm_ratio"], rel=1e-6)
+        assert reference["num_positions"] == 3 * 3  # samples x scored positions
+        for alpha, row in rows.items():
+            assert row["vision_text_norm_ratio"] == pytest.approx(alpha * numbers["vision_text_norm_ratio"], rel=1e-5)
+            assert row["logit_kl"] >= 0 and row["attention_kl"] >= 0 and row["median_rank"] >= 1
+        assert rows[0.01]["logit_kl"] > 0  # a 100x smaller image must change something
+        assert sweep["norm_matching_alpha"] == pytest.approx(1 / numbers["vision_text_norm_ratio"])
+        # the first layer sees RMSNorm(alpha * h): keys and values barely move there, whatever alpha
+        assert rows[0.01]["cos_k_per_layer"][0] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_attention_mass_over_the_modalities_sums_to_one(cli_run):
+    _, doc = cli_run
+    for numbers in (doc, doc["baseline"]):
+        for phase in ("prefill", "decode"):
+            mass = numbers["attention"][phase]
+            for vision, text in zip(mass["vision_per_layer"], mass["text_per_layer"]):
+                assert 0 < vision < 1
+                assert vision + text == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_blank_real_image_makes_the_ablations_and_the_kv_substitution_trivial(
+    tiny_model, tiny_processor, tmp_path
+):
+    """With a blank image as the 'real' one, the blank-image run and the hybrid cache are the real run."""
+    from PIL import Image
+
+    Image.new("RGB", (40, 30), (255, 255, 255)).save(tmp_path / "white.png")
+    config = DiagnoseConfig(model="in-memory", output_dir="unused", max_samples=2, batch_size=2, alphas=(1.0,),
+                            max_new_tokens=2, progress=False)
+    samples = pair_samples(list_images(str(tmp_path)), load_prompts(default_prompts_file()), 2)
+    numbers = probe_model(tiny_model, tiny_processor, config, samples)
+    kv = numbers["kv_substitution"]
+    assert kv["kl_real_hybrid"] == pytest.approx(0.0, abs=1e-6)
+    assert kv["kl_blank_hybrid"] == pytest.approx(0.0, abs=1e-6)
+    assert numbers["ablations"]["next_token_kl"]["real_blank"] == pytest.approx(0.0, abs=1e-6)
+    assert numbers["ablations"]["correlation"]["real_blank"]["norm"] == pytest.approx(1.0, abs=1e-6)
+    assert numbers["ablations"]["next_token_kl"]["real_no_image"] > 0
+
+
+def test_kv_substitution_and_ablations_are_reported(cli_run):
+    _, doc = cli_run
+    kv = doc["kv_substitution"]
+    assert kv["num_samples"] == 3
+    assert kv["kl_real_hybrid"] > 0 and kv["kl_blank_hybrid"] >= 0 and 0 <= kv["fraction_closer_to_real"] <= 1
+    curves = doc["ablations"]["curves"]
+    assert curves["real"]["norm"][0] == pytest.approx(curves["blank"]["norm"][0])  # same text embeddings
+    for pair in ("real_blank", "real_no_image"):
+        assert -1 <= doc["ablations"]["correlation"][pair]["norm"] <= 1
+
+
+# ------------------------------------------------------------------------------------------------- theory
+
+
+def test_theta_eff_matches_hand_values():
+    assert tan_theta_eff(1.0, 1.0, math.pi / 2) == pytest.approx(1.0)
+    assert theta_eff(1.0, 1.0, math.pi / 2) == pytest.approx(math.pi / 4)
+    assert tan_theta_eff(3.0, 2.0, math.pi / 3) == pytest.approx(math.sqrt(3) / 4)
+    assert theta_eff(5.0, 2.0, 0.0) == 0.0  # an update along h does not turn it
+    assert theta_eff(0.0, 2.0, 1.1) == pytest.approx(1.1)  # from the origin, h turns to the update
+    assert theta_eff(1.0, 2.0, math.pi) == pytest.approx(math.pi)  # a backward update larger than h flips it
+    # larger norm, same update: less rotation (the paper's "representational inertia")
+    assert theta_eff(10.0, 1.0, 1.0) < theta_eff(1.0, 1.0, 1.0)
+
+
+def test_theta_eff_is_the_exact_angle_between_h_and_h_plus_update():
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(64, 32, generator=g, dtype=torch.float64)
+    update = torch.randn(64, 32, generator=g, dtype=torch.float64)
+    h[:8] *= 20  # some high-norm tokens
+    phi = torch.arccos(torch.nn.functional.cosine_similarity(update, h, dim=-1))
+    measured = torch.arccos(torch.nn.functional.cosine_similarity(h + update, h, dim=-1))
+    predicted = theta_eff(h.norm(dim=-1), update.norm(dim=-1), phi)
+    torch.testing.assert_close(predicted, measured)
+
+
+def test_compare_rotation_uses_the_layer_wide_update():
+    layers = {
+        "vision": {"norm": [10.0, 10.0], "update_abs": [None, 1.0], "update_angle_deg": [None, 90.0],
+                   "rotation_deg": [None, 5.0]},
+        "text": {"norm": [1.0, 1.0], "update_abs": [None, 1.0], "update_angle_deg": [None, 90.0],
+                 "rotation_deg": [None, 44.0]},
+    }
+    pooled = {"norm": [5.5, 5.5], "update_abs": [None, 1.0], "update_angle_deg": [None, 90.0]}
+    result = compare_rotation(layers, pooled)
+    assert result["predicted_rotation_deg"]["vision"][1] == pytest.approx(math.degrees(math.atan(0.1)))
+    assert result["predicted_rotation_deg"]["text"][1] == pytest.approx(45.0)
+    assert result["update_abs_vision_over_text"] == [None, 1.0]
+    assert result["mean_abs_error_deg"] == pytest.approx((abs(5.71059 - 5.0) + 1.0) / 2, rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------- outputs
+
+
+def test_cli_writes_json_csv_png_and_summary(cli_run, tiny_model_dir, stock_model_dir):
+    out, doc = cli_run
+    assert doc["model_id"] == tiny_model_dir and doc["baseline"]["model_id"] == stock_model_dir
+    assert doc["settings"]["max_samples"] == 3 and doc["settings"]["alphas"]
+    for key in REQUIRED:
+        assert key in doc and key in doc["baseline"]
+    assert {"mean", "std"} <= set(doc["text_embedding_norm"])
+    assert {"before_projector", "after_projector"} <= set(doc["vision_norm"])
+    assert doc["projector_norm"] == "NormAlignedLayerNorm" and doc["baseline"]["projector_norm"] is None
+    assert doc["baseline"]["model_class"] == "LlavaForConditionalGeneration"
+    assert doc["vision_text_norm_ratio"] > doc["baseline"]["vision_text_norm_ratio"]
+    with open(os.path.join(out, "layers.csv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["model"] for r in rows} == {"model", "baseline"}
+    assert len(rows) == 2 * 2 * (doc["num_layers"] + 1)
+    with open(os.path.join(out, "alpha_sweep.csv"), encoding="utf-8") as f:
+        assert len(list(csv.DictReader(f))) == 2 * 8
+    for name in ("norms.csv", "text_embedding_top_k.csv", "attention_mass.csv", "ablations.csv", "kv_substitution.csv"):
+        assert os.path.getsize(os.path.join(out, name)) > 0
+    pngs = [n for n in os.listdir(out) if n.endswith(".png")]
+    assert "fig_norms_cosine.png" in pngs and "fig_alpha_sweep.png" in pngs and len(pngs) == 8
+    for name in pngs:
+        with open(os.path.join(out, name), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    summary = open(os.path.join(out, "summary.md"), encoding="utf-8").read()
+    assert summary.startswith("## Norm diagnostics")
+    assert tiny_model_dir in summary and stock_model_dir in summary
+    assert f"**{doc['vision_text_norm_ratio']:.3f}**" in summary
+    assert "(fig_norms_cosine.png)" in summary  # a relative link the model card re-points
+    assert not [n for n in os.listdir(out) if ".tmp-" in n]
+
+
+# --------------------------------------------------------------------------------------------------- errors
+
+
+def test_empty_image_folder_is_a_clear_error(tiny_model_dir, tmp_path, capsys):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "notes.txt").write_text("not an image")
+    rc = main([tiny_model_dir, "--images", str(tmp_path / "images"), "--output-dir", str(tmp_path / "out")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "holds no image files" in err and str(tmp_path / "images") in err
+    assert not (tmp_path / "out").exists()  # checked before any model is loaded or anything written
+
+
+def test_unreadable_image_and_empty_prompt_file_are_clear_errors(tiny_model_dir, tmp_path, capsys):
+    (tmp_path / "bad.png").write_text("not a png")
+    rc = main([tiny_model_dir, "--images", str(tmp_path), "--output-dir", str(tmp_path / "out")])
+    assert rc == 2 and "cannot read image" in capsys.readouterr().err
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# only a comment\n\n")
+    rc = main([tiny_model_dir, "--prompts", str(prompts), "--output-dir", str(tmp_path / "out")])
+    assert rc == 2 and "holds no prompt" in capsys.readouterr().err
+
+
+def test_prompt_longer_than_the_context_is_a_clear_error(tiny_model_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("what colour is it?\n" + "red " * 600 + "\n")
+    rc = main([tiny_model_dir, "--prompts", str(prompts), "--max-samples", "2", "--output-dir", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "longer than the model's context of 512 tokens" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_model_it_cannot_probe_is_a_clear_error(tiny_parts, tiny_model, tmp_path, capsys):
+    _, text_dir = tiny_parts  # a plain causal LM: no vision tower, no projector
+    rc = main([text_dir, "--output-dir", str(tmp_path / "out")])
+    assert rc == 2
+    assert "not a vision-language model" in capsys.readouterr().err
+    del tiny_model.model.multi_modal_projector
+    with pytest.raises(DiagnosticsError, match=r"no model\.model\.multi_modal_projector"):
+        locate(tiny_model, "tiny")
+
+
+# ---------------------------------------------------------------------------------------- inputs and memory
+
+
+def test_default_inputs_ship_and_redraw_identically():
+    paths = list_images(default_images_dir())
+    assert [os.path.basename(p) for p in paths] == sorted(f"{name}.png" for name in SCENES)
+    assert sum(os.path.getsize(p) for p in paths) <= 200_000
+    from PIL import Image
+
+    for path in paths:
+        shipped = Image.open(path).convert("RGB")
+        assert shipped.tobytes() == draw_scene(os.path.basename(path)[:-4]).tobytes()
+    assert len(load_prompts(default_prompts_file())) >= 4
+
+
+def test_samples_use_every_image_and_prompt_before_repeating():
+    samples = pair_samples(["a.png", "b.png", "c.png"], [(1, "p"), (3, "q")], 10)
+    pairs = [(s.image_path, s.prompt) for s in samples]
+    assert pairs[:3] == [("a.png", "p"), ("b.png", "q"), ("c.png", "p")]
+    assert sorted(pairs) == sorted((i, p) for i in ("a.png", "b.png", "c.png") for p in ("p", "q"))  # no repeats
+    assert [s.prompt_line for s in samples[:2]] == [1, 3]
+    assert [(s.image_path, s.prompt) for s in pair_samples(["a.png"], [(1, "p"), (2, "q")], 1)] == [("a.png", "p")]
+
+
+def test_memory_estimate_counts_the_parameters_and_prints(tiny_model, tiny_model_dir, capsys):
+    from llava_normaligned.diagnostics.memory import count_parameters, estimate
+
+    assert count_parameters(tiny_model.config) == sum(p.numel() for p in tiny_model.parameters())
+    small = estimate(tiny_model.config, "float32", batch_size=1)
+    big = estimate(tiny_model.config, "float32", batch_size=8)
+    assert small.weights_bytes == 4 * small.parameters and big.activation_bytes > small.activation_bytes
+    assert main([tiny_model_dir, "--estimate-memory"]) == 0
+    assert "GiB (estimate)" in capsys.readouterr().out
