@@ -1,0 +1,497 @@
+"""The model card of a checkpoint folder, rendered from the folder itself.
+
+Everything the card states comes from the folder's files: ``config.json`` (the vision encoder and LLM, T, D, the
+norm's variant), the safetensors headers and the few tensors the norm statistics need (the projector norm's gain and
+bias, the text embeddings), the processor's config, and, when present, ``training_summary.json``,
+``norm_tracking.json``, ``diagnostics/`` and ``eval/``. The layout is the Jinja template shipped in
+``templates/modelcard.md``; ``huggingface_hub.ModelCard`` renders it under ``ModelCardData`` metadata.
+
+    llava-normaligned card ./llava-na-3b --repo-id me/llava-na-3b --license apache-2.0 --output -
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from huggingface_hub import ModelCard, ModelCardData
+
+from llava_normaligned.inference import KEEP_UNQUANTIZED
+
+TEMPLATE_PATH = Path(__file__).parent / "templates" / "modelcard.md"
+PAPER_ARXIV = "2512.08374"
+BIBTEX = """@article{li2025unseenbias,
+  title   = {The Unseen Bias: How Norm Discrepancy in Pre-Norm MLLMs Leads to Visual Information Loss},
+  author  = {Li, Bozhou and Xue, Xinda and Yang, Sihan and Shi, Yang and Chen, Xinlong and Guan, Yushuo and
+             Zhang, Yuanxing and Zhang, Wentao},
+  journal = {arXiv preprint arXiv:2512.08374},
+  year    = {2025}
+}"""
+BASE_TAGS = ("llava", "llava-normaligned", "vision-language", "norm-alignment", "custom_code", f"arxiv:{PAPER_ARXIV}")
+
+NORM_WEIGHT = "model.multi_modal_projector.norm.weight"
+NORM_BIAS = "model.multi_modal_projector.norm.bias"
+EMBED_WEIGHT = "model.language_model.embed_tokens.weight"
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
+SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential|authorization", re.IGNORECASE)
+MAX_ROWS = 40
+RATIO_KEY = "vision_text_norm_ratio"  # diagnostics.json: mean norm of the visual tokens entering the LLM / T
+
+
+@dataclass(frozen=True)
+class CardOptions:
+    """What the folder cannot say about itself: where it is published and under which terms."""
+
+    repo_id: str | None = None  # "namespace/name" for the usage snippets and the title
+    revision: str | None = None  # the commit the usage snippets pin
+    license: str | None = None  # a Hub license id (apache-2.0, llama3.2, other, ...)
+    datasets: tuple[str, ...] = ()  # Hub dataset ids, added to those in training_summary.json
+    base_models: tuple[str, ...] = ()  # Hub model ids; default: the vision encoder's and the LLM's, from config.json
+    tags: tuple[str, ...] = ()
+    diagnostics_dir: str | None = None  # default <folder>/diagnostics
+    eval_dir: str | None = None  # default <folder>/eval
+
+
+# ------------------------------------------------------------------------------------------------ reading the folder
+
+
+def _read_json(path: Path):
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+
+
+def _read_text(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+@dataclass
+class Checkpoint:
+    """The files of a checkpoint folder the card is rendered from, read once."""
+
+    folder: Path
+    config: dict
+    processor: dict
+    weight_files: dict[str, Path]  # tensor name -> the safetensors file holding it
+    shapes: dict[str, list[int]]  # tensor name -> shape, from the headers (no data read)
+    training: dict | None = None
+    tracking: object | None = None
+    diagnostics_dir: Path | None = None
+    eval_dir: Path | None = None
+    code_files: list[Path] = field(default_factory=list)
+
+
+def read_checkpoint(folder: str | os.PathLike, options: CardOptions | None = None) -> Checkpoint:
+    options = options or CardOptions()
+    from .selfcheck import remote_code_files, safetensors_header
+
+    folder = Path(folder)
+    config = _read_json(folder / "config.json")
+    if config is None:
+        raise ValueError(f"{folder}: no config.json (expected a checkpoint folder written by save_pretrained)")
+    weight_files, shapes = {}, {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        for name, info in safetensors_header(shard).items():
+            if name != "__metadata__":
+                weight_files[name], shapes[name] = shard, info["shape"]
+    if not weight_files:
+        raise ValueError(f"{folder}: no *.safetensors weights")
+    diagnostics = Path(options.diagnostics_dir) if options.diagnostics_dir else folder / "diagnostics"
+    evaluation = Path(options.eval_dir) if options.eval_dir else folder / "eval"
+    return Checkpoint(
+        folder=folder,
+        config=config,
+        processor=_read_json(folder / "processor_config.json") or _read_json(folder / "preprocessor_config.json")
+        or {},
+        weight_files=weight_files,
+        shapes=shapes,
+        training=_read_json(folder / "training_summary.json"),
+        tracking=_read_json(folder / "norm_tracking.json"),
+        diagnostics_dir=diagnostics if diagnostics.is_dir() else None,
+        eval_dir=evaluation if evaluation.is_dir() else None,
+        code_files=[folder / name for name in sorted(remote_code_files(folder))],
+    )
+
+
+def _tensor(ckpt: Checkpoint, name: str):
+    """One tensor from the safetensors files (float32), or None when the checkpoint lacks it."""
+    if name not in ckpt.weight_files:
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt.weight_files[name]), framework="pt") as f:
+        return f.get_tensor(name).float()
+
+
+# --------------------------------------------------------------------------------------------- what the card says
+
+
+def hub_id(name) -> str | None:
+    """``name`` if it reads as a Hub repo id (``namespace/name``), None for a local path or nothing."""
+    if isinstance(name, str) and REPO_ID.match(name) and ".." not in name:
+        return name
+    return None
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        shown = ", ".join(_fmt(v) for v in value[:12])
+        return shown + (f", ... ({len(value)} in all)" if len(value) > 12 else "")
+    return str(value).replace("\n", " ")
+
+
+def _cells(rows):
+    """Rows ready for a Markdown table: a "|" in a label or value would end its cell."""
+    return [tuple(str(cell).replace("|", "\\|") for cell in row) for row in rows]
+
+
+def flat_rows(data, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, formatted value) for every scalar or list of scalars in nested dicts; secret-like keys redacted."""
+    rows = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            label = f"{prefix}.{key}" if prefix else str(key)
+            if SECRET_KEY.search(str(key)):
+                rows.append((label, "(redacted)"))
+            elif isinstance(value, dict):
+                rows += flat_rows(value, label)
+            elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                rows.append((label, f"({len(value)} records)"))
+            else:
+                rows.append((label, _fmt(value)))
+    return rows[:MAX_ROWS]
+
+
+def _part(sub: dict, fallback: str) -> dict:
+    name = sub.get("_name_or_path")
+    source = f"`{hub_id(name)}`" if hub_id(name) else "a local checkpoint"
+    kind = sub.get("model_type", fallback)
+    return {"id": hub_id(name), "summary": f"{kind} ({source})", "type": kind}
+
+
+def _params(ckpt: Checkpoint, prefix: str) -> int:
+    return sum(math.prod(shape) for name, shape in ckpt.shapes.items() if name.startswith(prefix))
+
+
+def architecture_rows(ckpt: Checkpoint) -> list[tuple[str, str]]:
+    cfg, vis, txt = ckpt.config, ckpt.config.get("vision_config", {}), ckpt.config.get("text_config", {})
+    image_size, patch = vis.get("image_size"), vis.get("patch_size")
+    proc = ckpt.processor
+    vision = (f"{_part(vis, 'vision')['summary']}: width {vis.get('hidden_size')}, "
+              f"{vis.get('num_hidden_layers')} layers, {image_size} px images, patch {patch}")
+    features = (f"layer {cfg.get('vision_feature_layer')}, strategy `{cfg.get('vision_feature_select_strategy')}`, "
+                f"{cfg.get('image_seq_length')} tokens per image")
+    norm = " + LayerNorm" if cfg.get("projector_norm") == "layernorm" else ", no norm"
+    text = (f"{_part(txt, 'text')['summary']}: width D = {txt.get('hidden_size')}, "
+            f"{txt.get('num_hidden_layers')} layers, vocabulary {txt.get('vocab_size')}")
+    params = (f"{_fmt(_params(ckpt, ''))} (vision {_fmt(_params(ckpt, 'model.vision_tower.'))}, projector "
+              f"{_fmt(_params(ckpt, 'model.multi_modal_projector.'))}, LLM "
+              f"{_fmt(_params(ckpt, 'model.language_model.') + _params(ckpt, 'lm_head.'))})")
+    template = "included" if (ckpt.folder / "chat_template.jinja").is_file() else "none"
+    processor = (f"{proc.get('processor_class', 'n/a')}, image token `{proc.get('image_token', 'n/a')}`, "
+                 f"chat template {template}")
+    return [
+        ("vision encoder", vision),
+        ("visual features", features),
+        ("projector", f"2-layer MLP ({cfg.get('projector_hidden_act')}){norm}"),
+        ("language model", text),
+        ("parameters", params),
+        ("weights", f"{cfg.get('dtype') or cfg.get('torch_dtype') or 'float32'}, safetensors"),
+        ("processor", processor),
+        ("transformers", f"config written by {cfg.get('transformers_version', 'n/a')}"),
+    ]
+
+
+def variant_text(cfg: dict) -> str:
+    """The checkpoint's place in the paper's ablation (Tables 4-5), from its config."""
+    if cfg.get("projector_norm") is None:
+        return "no projector norm: stock LLaVA, the paper's \"w/o Norm\" baseline."
+    init = ("gain initialised to T/√D (§5.1)" if cfg.get("norm_init") == "target"
+            else "gain initialised to 1, bias 0 (the paper's \"Default Init\" ablation, Table 5)")
+    gwc = (f"Global Weight Compensation on (clamp {cfg.get('gradient_compensation_min')})"
+           if cfg.get("gradient_compensation") else "Global Weight Compensation off (the paper's \"w/o GWC\" row)")
+    return f"LayerNorm after the projector, {init}; {gwc}."
+
+
+def norm_statistics(ckpt: Checkpoint) -> tuple[list[tuple[str, str]], dict]:
+    """Rows of the norm-statistics table and the raw numbers, from config and weights (paper §5.1)."""
+    from modeling_llava_normaligned import text_embedding_norm_target
+
+    cfg = ckpt.config
+    d = cfg.get("text_config", {}).get("hidden_size")
+    t_config = cfg.get("norm_target")
+    stats: dict = {"D": d, "T_config": t_config}
+    rows = [("D (LLM width)", _fmt(d))]
+    rows.append(("T, mean L2 norm of the LLM's non-zero text-embedding rows, when composed (config)", _fmt(t_config)))
+    embed = _tensor(ckpt, EMBED_WEIGHT)
+    if embed is not None:
+        image_row = cfg.get("image_token_index")
+        if isinstance(image_row, int) and 0 <= image_row < embed.shape[0]:  # the image token is not text
+            embed = embed[[i for i in range(embed.shape[0]) if i != image_row]]
+        stats["T_now"] = text_embedding_norm_target(embed)
+        rows.append(("T measured on this checkpoint's embeddings", _fmt(stats["T_now"])))
+    if cfg.get("projector_norm") is None:
+        rows.append(("projector norm", "none (stock LLaVA)"))
+        return rows, stats
+    if t_config and d:
+        stats["g_init"] = 1.0 if cfg.get("norm_init") == "default" else t_config / math.sqrt(d)
+        rows.append(("gain at initialisation (T/√D, or 1 for default init)", _fmt(stats["g_init"])))
+    gain, bias = _tensor(ckpt, NORM_WEIGHT), _tensor(ckpt, NORM_BIAS)
+    if gain is not None:
+        stats["gain_mean_abs"] = float(gain.abs().mean())
+        stats["gain_l2"] = float(gain.norm())
+        stats["bias_l2"] = float(bias.norm()) if bias is not None else 0.0
+        floor = cfg.get("gradient_compensation_min") or 1e-3
+        rows.append(("mean |g| of the gain now", _fmt(stats["gain_mean_abs"])))
+        if "g_init" in stats:
+            rows.append(("mean |g| / initial gain", _fmt(stats["gain_mean_abs"] / stats["g_init"])))
+        if cfg.get("gradient_compensation"):
+            rows.append(("GWC factor 1/clamp(mean |g|)", _fmt(1.0 / max(stats["gain_mean_abs"], floor))))
+        # For a normalized x̂ with zero-mean, unit-variance coordinates, E‖g⊙x̂ + b‖² = ‖g‖² + ‖b‖²: the norm the
+        # visual tokens leave the projector with, to compare with T.
+        expected = math.sqrt(stats["gain_l2"] ** 2 + stats["bias_l2"] ** 2)
+        stats["vision_norm_expected"] = expected
+        rows.append(("expected visual-token norm √(‖g‖² + ‖b‖²)", _fmt(expected)))
+        reference = stats.get("T_now") or t_config
+        if reference:
+            stats["ratio_expected"] = expected / reference
+            rows.append(("expected vision/text norm ratio", _fmt(stats["ratio_expected"])))
+    for path, value in measured_ratios(ckpt):
+        rows.append((f"vision/text norm ratio measured by `diagnose` (`{path}`)", _fmt(value)))
+    return rows, stats
+
+
+def measured_ratios(ckpt: Checkpoint) -> list[tuple[str, float]]:
+    """The vision/text norm ratios ``diagnose`` recorded (``vision_text_norm_ratio*`` keys, at any depth)."""
+    data = _read_json(ckpt.diagnostics_dir / "diagnostics.json") if ckpt.diagnostics_dir else None
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, (int, float)) and not isinstance(node, bool) and path.rpartition(".")[2].startswith(
+            RATIO_KEY
+        ):
+            found.append((path, float(node)))
+
+    walk(data, "")
+    return found[:8]
+
+
+def tracking_table(tracking) -> tuple[list[str], list[list[str]], int]:
+    """(columns, rows of the first, middle and last records, record count) of ``norm_tracking.json``."""
+    records = tracking
+    if isinstance(tracking, dict):
+        records = next((v for v in tracking.values() if isinstance(v, list) and v and isinstance(v[0], dict)), None)
+    if not isinstance(records, list) or not records or not isinstance(records[0], dict):
+        return [], [], 0
+    columns = [k for k, v in records[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)][:8]
+    picks = sorted({0, len(records) // 2, len(records) - 1})
+    return columns, [[_fmt(records[i].get(c)) for c in columns] for i in picks], len(records)
+
+
+def embedded_markdown(path: Path, link_prefix: str) -> str | None:
+    """A generated Markdown report placed under a card section: headings demoted two levels, relative links
+    pointed at the folder the report is published in."""
+    text = _read_text(path)
+    if text is None:
+        return None
+    text = re.sub(r"^(#{1,4}) ", lambda m: "#" * min(len(m.group(1)) + 2, 6) + " ", text, flags=re.MULTILINE)
+    return re.sub(r"\]\((?![a-z]+:|/|#)([^)]+)\)", lambda m: f"]({link_prefix}/{m.group(1)})", text).strip()
+
+
+def remote_code_rows(ckpt: Checkpoint) -> list[tuple[str, str, str]]:
+    """(file, sha256, note) of the folder's Python files; the note says whether the installed package ships it."""
+    import modeling_llava_normaligned
+
+    package_dir = Path(modeling_llava_normaligned.__file__).parent
+    rows = []
+    for path in ckpt.code_files:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        shipped = package_dir / path.name
+        same = shipped.is_file() and hashlib.sha256(shipped.read_bytes()).hexdigest() == digest
+        note = f"identical to llava-normaligned {package_version()}'s" if same else "differs from the installed package"
+        rows.append((path.name, digest, note))
+    return rows
+
+
+def package_version() -> str:
+    try:
+        return version("llava-normaligned")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def card_metadata(ckpt: Checkpoint, options: CardOptions) -> ModelCardData:
+    cfg = ckpt.config
+    base = list(options.base_models) or [
+        i for i in (_part(cfg.get("vision_config", {}), "")["id"], _part(cfg.get("text_config", {}), "")["id"]) if i
+    ]
+    datasets = list(options.datasets)
+    training = ckpt.training or {}
+    for key in ("datasets", "dataset", "dataset_name"):
+        value = training.get(key)
+        for name in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            if hub_id(name) and name not in datasets:
+                datasets.append(name)
+    tags = list(BASE_TAGS) + (["trl", "sft"] if ckpt.training else []) + list(options.tags)
+    return ModelCardData(
+        library_name="transformers",
+        pipeline_tag="image-text-to-text",
+        base_model=base or None,
+        datasets=datasets or None,
+        license=options.license or training.get("license"),
+        tags=list(dict.fromkeys(tags)),
+    )
+
+
+# -------------------------------------------------------------------------------------------------------- render
+
+
+def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -> ModelCard:
+    """The model card of ``folder`` (a ``huggingface_hub.ModelCard``; ``str(card)`` is the README.md text)."""
+    options = options or CardOptions()
+    ckpt = read_checkpoint(folder, options)
+    cfg = ckpt.config
+    norm_rows, _ = norm_statistics(ckpt)
+    columns, tracking_rows, tracking_count = tracking_table(ckpt.tracking)
+    diag_json = _read_json(ckpt.diagnostics_dir / "diagnostics.json") if ckpt.diagnostics_dir else None
+    eval_json = _read_json(ckpt.eval_dir / "results.json") if ckpt.eval_dir else None
+    projector = ("a 2-layer MLP projector with a norm-aligning LayerNorm" if cfg.get("projector_norm") == "layernorm"
+                 else "a 2-layer MLP projector (no norm)")
+    context = dict(  # the template's variables
+        title=options.repo_id.split("/")[-1] if options.repo_id else ckpt.folder.resolve().name,
+        repo_id=options.repo_id or "<namespace>/<name>",
+        revision=options.revision,
+        trained=ckpt.training is not None,
+        vision=_part(cfg.get("vision_config", {}), "vision encoder"),
+        text=_part(cfg.get("text_config", {}), "language model"),
+        projector={"summary": projector},
+        variant=variant_text(cfg),
+        architecture=_cells(architecture_rows(ckpt)),
+        norm_rows=_cells(norm_rows),
+        norm_sources="and `diagnostics/diagnostics.json`" if measured_ratios(ckpt) else "",
+        training_rows=_cells(flat_rows(ckpt.training)) if ckpt.training else [],
+        tracking_columns=columns,
+        tracking_rows=_cells(tracking_rows),
+        tracking_count=tracking_count,
+        diagnostics_dir="diagnostics",
+        diagnostics_md=embedded_markdown(ckpt.diagnostics_dir / "summary.md", "diagnostics")
+        if ckpt.diagnostics_dir else None,
+        diagnostics_rows=_cells(flat_rows(diag_json)),
+        eval_dir="eval",
+        eval_md=embedded_markdown(ckpt.eval_dir / "results.md", "eval") if ckpt.eval_dir else None,
+        eval_rows=_cells(flat_rows(eval_json)),
+        remote_code=remote_code_rows(ckpt),
+        quant_skip_modules=json.dumps(list(KEEP_UNQUANTIZED)),  # the modules `generate --quantization` keeps
+        bibtex=BIBTEX,
+        package_version=package_version(),
+    )
+    card = ModelCard.from_template(card_metadata(ckpt, options), template_path=str(TEMPLATE_PATH), **context)
+    return ModelCard(re.sub(r"\n{3,}", "\n\n", str(card)))  # sections left empty by the template leave blank runs
+
+
+def check_card(card: ModelCard) -> None:
+    """Local checks of the card's metadata (the Hub's own validation runs on push, or with ``card.validate()``).
+
+    Raises ``ValueError`` listing every problem.
+    """
+    problems = []
+    reparsed = ModelCard(str(card)).data.to_dict()  # the YAML block parses back to what was written
+    if reparsed != card.data.to_dict():
+        problems.append("the YAML front matter does not parse back to the metadata it was rendered from")
+    if reparsed.get("library_name") != "transformers":
+        problems.append("library_name must be 'transformers'")
+    if reparsed.get("pipeline_tag") != "image-text-to-text":
+        problems.append("pipeline_tag must be 'image-text-to-text'")
+    for key in ("base_model", "datasets"):
+        for name in reparsed.get(key) or []:
+            if not hub_id(name):
+                problems.append(f"{key}: {name!r} is not a Hub repo id (namespace/name)")
+    license_id = reparsed.get("license")
+    if license_id is not None and not (isinstance(license_id, str) and LICENSE_ID.match(license_id)):
+        problems.append(f"license: {license_id!r} is not a Hub license id (lower case, e.g. 'apache-2.0')")
+    if not all(isinstance(t, str) for t in reparsed.get("tags") or []):
+        problems.append("tags must be strings")
+    if problems:
+        raise ValueError("model card metadata: " + "; ".join(problems))
+
+
+# ------------------------------------------------------------------------------------------------------------ CLI
+
+
+def add_card_options(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by ``card`` and ``push``."""
+    group = parser.add_argument_group("model card")
+    group.add_argument("--license", default=None, help="Hub license id of the weights (e.g. apache-2.0, llama3.2)")
+    group.add_argument("--dataset", action="append", default=[], help="Hub dataset id trained on (repeatable)")
+    group.add_argument("--base-model", action="append", default=[],
+                       help="Hub model id of a base model (repeatable; default: the ids in config.json)")
+    group.add_argument("--tag", action="append", default=[], help="extra tag (repeatable)")
+    group.add_argument("--diagnostics", default=None, metavar="DIR",
+                       help="diagnose output to report (default: DIR/diagnostics)")
+    group.add_argument("--eval", default=None, metavar="DIR", help="eval output to report (default: DIR/eval)")
+
+
+def card_options(args, repo_id=None, revision=None) -> CardOptions:
+    return CardOptions(
+        repo_id=repo_id, revision=revision, license=args.license, datasets=tuple(args.dataset),
+        base_models=tuple(args.base_model), tags=tuple(args.tag), diagnostics_dir=args.diagnostics,
+        eval_dir=args.eval,
+    )
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llava-normaligned card",
+        description="Render the model card (README.md) of a checkpoint folder from its config, weights and records.",
+    )
+    parser.add_argument("folder", help="checkpoint folder (written by compose, convert or train)")
+    parser.add_argument("--output", default=None,
+                        help="where to write the card (default: FOLDER/README.md; - for stdout)")
+    parser.add_argument("--repo-id", default=None, help="NS/NAME the usage snippets load from")
+    parser.add_argument("--revision", default=None, help="commit hash the usage snippets pin")
+    parser.add_argument("--validate", action="store_true",
+                        help="also validate the metadata with the Hub's API (HF_ENDPOINT; needs the network)")
+    add_card_options(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        card = render_card(args.folder, card_options(args, args.repo_id, args.revision))
+        check_card(card)
+        if args.validate:
+            card.validate()
+    except ValueError as error:
+        print(f"llava-normaligned card: {error}", file=sys.stderr)
+        return 1
+    if args.output == "-":
+        sys.stdout.write(str(card))
+        return 0
+    output = Path(args.output) if args.output else Path(args.folder) / "README.md"
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.write_text(str(card), encoding="utf-8")
+    os.replace(tmp, output)  # never a half-written card
+    print(f"wrote {output}")
+    return 0

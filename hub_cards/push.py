@@ -1,0 +1,340 @@
+"""Publish a checkpoint folder to the Hub, and fetch one back.
+
+    llava-normaligned push ./llava-na-3b --repo-id me/llava-na-3b [--private] [--revision BRANCH]
+    llava-normaligned pull me/llava-na-3b [--revision REV] [--local-dir DIR]
+
+``push`` checks the folder first (``selfcheck``: safetensors only, remote code that imports only torch and
+transformers, no token in any file, loads in a fresh process without this package), renders the model card, and
+uploads everything in ONE commit: a push that fails midway leaves the repo as it was. A second, README-only commit
+then pins the card's usage snippets to the first commit's hash. Both talk to the Hub through ``huggingface_hub``,
+which takes the endpoint from ``HF_ENDPOINT`` and the token from ``HF_TOKEN`` (or ``hf auth login``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import hashlib
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, snapshot_download
+
+from .card import CardOptions, add_card_options, card_options, check_card, package_version, render_card
+from .selfcheck import (
+    PICKLE_SUFFIXES,
+    RECORD_PATTERNS,
+    SelfCheckError,
+    UploadPlan,
+    find_secrets,
+    known_tokens,
+    scrub,
+    self_check,
+)
+
+logger = logging.getLogger(__name__)
+
+# Files in the repo that a push replaces wholesale: weights left over from an earlier push (say, shards of a
+# different count) are deleted in the same commit, so the repo never mixes two checkpoints.
+MANAGED_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
+PICKLE_PATTERNS = [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
+
+
+class HubTransferError(RuntimeError):
+    """The Hub refused or failed an operation. The message never holds a token."""
+
+
+class PushError(HubTransferError):
+    pass
+
+
+class PullError(HubTransferError):
+    pass
+
+
+@dataclass
+class PushResult:
+    repo_id: str
+    commit: str  # the commit holding the model
+    card_commit: str | None  # the README-only commit pinning the card's snippets to ``commit`` (None if not made)
+    branch: str
+    uploaded: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _check_repo_id(repo_id: str) -> None:
+    parts = repo_id.split("/") if isinstance(repo_id, str) else []
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"repo id {repo_id!r}: expected NAMESPACE/NAME (your user name or an organisation)")
+
+
+def _check_branch(revision: str | None) -> None:
+    if revision is not None and re.fullmatch(r"[0-9a-f]{40}", revision):
+        raise ValueError(f"--revision {revision}: a push goes to a branch; a commit hash cannot be pushed to")
+
+
+# ------------------------------------------------------------------------------------------- what goes in a commit
+
+
+def _external_records(directory: str | None, prefix: str, folder: Path) -> dict[str, Path]:
+    """Files of a ``--diagnostics`` / ``--eval`` folder outside the checkpoint, published under ``prefix/``."""
+    if directory is None or Path(directory).resolve() == (folder / prefix).resolve():
+        return {}
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"--{'eval' if prefix == 'eval' else 'diagnostics'} {directory}: not a folder")
+    records = {}
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+        in_repo = f"{prefix}/{path.name}"
+        if any(fnmatch.fnmatchcase(in_repo, pattern) for pattern in RECORD_PATTERNS):
+            records[in_repo] = path
+    return records
+
+
+def upload_files(plan: UploadPlan, options: CardOptions) -> dict[str, Path]:
+    """Path in repo -> local file, for everything a push uploads except the card."""
+    files = {path: plan.folder / path for path in plan.upload}
+    for prefix, directory in (("diagnostics", options.diagnostics_dir), ("eval", options.eval_dir)):
+        external = _external_records(directory, prefix, plan.folder)
+        if external:  # the records the card is rendered from replace the folder's own
+            files = {p: f for p, f in files.items() if not p.startswith(prefix + "/")}
+            files.update(external)
+    return files
+
+
+def _stale(existing: list[str], uploading: set[str]) -> list[str]:
+    return sorted(
+        path for path in existing
+        if path not in uploading and any(fnmatch.fnmatchcase(path, p) for p in MANAGED_PATTERNS)
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------ push
+
+
+def push(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    options: CardOptions | None = None,
+    include: tuple[str, ...] = (),
+    check_load: bool = True,
+    pin_card: bool = True,
+) -> PushResult:
+    """Check ``folder``, then upload it with its model card to ``repo_id`` (created if missing) in one commit.
+
+    ``revision``: the branch to commit to (created from main if missing; default main). ``token`` / ``endpoint``:
+    default ``HF_TOKEN`` (or the saved login) / ``HF_ENDPOINT``. ``check_load=False`` skips the fresh-process load
+    (the static checks always run). ``pin_card``: follow with a README-only commit whose usage snippets pin the
+    model commit's hash. Raises ``SelfCheckError`` (the folder) or ``PushError`` (the Hub), both without tokens.
+    """
+    _check_repo_id(repo_id)
+    _check_branch(revision)
+    options = options or CardOptions()
+    tokens = known_tokens(token)
+    plan = self_check(folder, include=include, tokens=tokens, load=check_load)
+    files = upload_files(plan, options)
+    find_secrets([f for p, f in files.items() if p not in plan.upload], tokens)  # --diagnostics / --eval files
+    card_options_ = dataclasses.replace(options, repo_id=repo_id, revision=None)
+    card = render_card(plan.folder, card_options_)
+    check_card(card)
+    if scrub(str(card), tokens) != str(card):  # every source file was scanned; the card is checked all the same
+        raise SelfCheckError("the rendered model card holds what looks like a Hugging Face access token")
+    branch = revision or "main"
+    message = commit_message or f"Upload {plan.folder.resolve().name} with llava-normaligned {package_version()}"
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        head = _prepare_repo(api, repo_id, private, branch)
+        existing = api.list_repo_files(repo_id, revision=head)
+        deleted = _stale(existing, set(files))
+        operations = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(f)) for p, f in sorted(files.items())]
+        operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=str(card).encode()))
+        operations += [CommitOperationDelete(path_in_repo=p) for p in deleted]
+        # One commit: the Hub applies all of it or none of it. parent_commit: refuse if someone pushed meanwhile.
+        commit = api.create_commit(repo_id, operations, commit_message=message, revision=branch, parent_commit=head)
+    except Exception as error:  # HTTP errors, refused metadata, network: scrubbed, and the chain dropped
+        reason = scrub(_describe(error), tokens)
+        raise PushError(f"push to {repo_id} failed, nothing was committed: {reason}") from None
+    card_commit = _pin_card(api, plan.folder, repo_id, branch, commit.oid, card_options_, tokens) if pin_card else None
+    return PushResult(repo_id, commit.oid, card_commit, branch, sorted(files) + ["README.md"], deleted, plan.skipped)
+
+
+def _prepare_repo(api: HfApi, repo_id: str, private: bool, branch: str) -> str:
+    """Create the repo (and branch) if missing; return the branch's head commit."""
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    info = api.repo_info(repo_id)
+    if private and not info.private:
+        logger.warning("%s already exists and is public: --private does not change an existing repo", repo_id)
+    if branch != "main":
+        api.create_branch(repo_id, branch=branch, exist_ok=True)
+        info = api.repo_info(repo_id, revision=branch)
+    return info.sha
+
+
+def _pin_card(api, folder, repo_id, branch, commit, options, tokens) -> str | None:
+    """A README-only commit whose snippets pin ``commit``. The model is already published: a failure only warns."""
+    card = render_card(folder, dataclasses.replace(options, revision=commit))
+    try:
+        info = api.create_commit(
+            repo_id, [CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=str(card).encode())],
+            commit_message=f"Model card: pin the usage snippets to {commit[:12]}", revision=branch,
+            parent_commit=commit,
+        )
+    except Exception as error:
+        logger.warning("the model is at commit %s, but pinning its card failed: %s", commit,
+                       scrub(_describe(error), tokens))
+        return None
+    return info.oid
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".strip()
+
+
+# ------------------------------------------------------------------------------------------------------------ pull
+
+
+@dataclass
+class PullResult:
+    path: str
+    commit: str
+    skipped_pickles: list[str]
+    remote_code: list[tuple[str, str, bool]]  # (file, sha256, identical to the installed package's file)
+
+
+def pull(
+    repo_id: str,
+    revision: str | None = None,
+    local_dir: str | os.PathLike | None = None,
+    *,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> PullResult:
+    """Download ``repo_id`` at ``revision`` (branch, tag or commit; default main), pickle files excluded.
+
+    The revision is resolved to a commit hash first, so every file comes from that one commit. Returns the local
+    path (``local_dir`` or the Hub cache) and the commit.
+    """
+    _check_repo_id(repo_id)
+    tokens = known_tokens(token)
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        commit = api.repo_info(repo_id, revision=revision).sha
+        pickles = [f for f in api.list_repo_files(repo_id, revision=commit) if f.lower().endswith(PICKLE_SUFFIXES)]
+        path = snapshot_download(repo_id, revision=commit, local_dir=local_dir, token=token, endpoint=endpoint,
+                                 ignore_patterns=PICKLE_PATTERNS)
+    except Exception as error:
+        raise PullError(f"pull of {repo_id} failed: {scrub(_describe(error), tokens)}") from None
+    return PullResult(path, commit, pickles, _remote_code(Path(path)))
+
+
+def _remote_code(folder: Path) -> list[tuple[str, str, bool]]:
+    import modeling_llava_normaligned
+
+    shipped_dir = Path(modeling_llava_normaligned.__file__).parent
+    rows = []
+    for path in sorted(folder.glob("*.py")):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        shipped = shipped_dir / path.name
+        same = shipped.is_file() and hashlib.sha256(shipped.read_bytes()).hexdigest() == digest
+        rows.append((path.name, digest, same))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------------- CLI
+
+
+def make_push_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llava-normaligned push",
+        description="Check that a checkpoint folder stands on its own, then upload it with its model card in one "
+        "commit. Endpoint and token come from HF_ENDPOINT and HF_TOKEN (or `hf auth login`).",
+    )
+    parser.add_argument("folder", help="checkpoint folder (compose, convert or train output, or a checkpoint-N)")
+    parser.add_argument("--repo-id", required=True, help="NAMESPACE/NAME; created if missing")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--revision", default=None, metavar="BRANCH", help="branch to commit to (default main)")
+    parser.add_argument("--commit-message", default=None)
+    parser.add_argument("--token", default=None,
+                        help="Hub token (default HF_TOKEN or the saved login; prefer those: a flag shows in `ps`)")
+    parser.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                        help="also upload files matching PATTERN (repeatable; pickles are never uploaded)")
+    parser.add_argument("--skip-load-check", action="store_true",
+                        help="skip loading the folder in a fresh process (for models too large to load here)")
+    parser.add_argument("--no-pin-card", action="store_true",
+                        help="do not follow with the README commit that pins the card's snippets to the model commit")
+    parser.add_argument("--dry-run", action="store_true", help="check and print what would be uploaded; upload nothing")
+    add_card_options(parser)
+    return parser
+
+
+def push_main(argv: list[str] | None = None) -> int:
+    args = make_push_parser().parse_args(argv)
+    options = card_options(args)
+    try:
+        if args.dry_run:
+            plan = self_check(args.folder, include=tuple(args.include), tokens=known_tokens(args.token),
+                              load=not args.skip_load_check)
+            card = render_card(plan.folder, dataclasses.replace(options, repo_id=args.repo_id))
+            check_card(card)
+            print(plan.summary())
+            print("  + README.md (rendered model card)\ndry run: nothing uploaded")
+            return 0
+        result = push(
+            args.folder, args.repo_id, private=args.private, revision=args.revision,
+            commit_message=args.commit_message, token=args.token, options=options, include=tuple(args.include),
+            check_load=not args.skip_load_check, pin_card=not args.no_pin_card,
+        )
+    except (SelfCheckError, PushError, ValueError) as error:
+        print(f"llava-normaligned push: {scrub(str(error), known_tokens(args.token))}", file=sys.stderr)
+        return 1
+    print(f"pushed {len(result.uploaded)} file(s) to {result.repo_id}@{result.branch}: commit {result.commit}")
+    for path in result.deleted:
+        print(f"  deleted stale {path}")
+    for path, reason in UploadPlan(Path(args.folder), skipped=result.skipped).skipped_summary():
+        print(f"  left out {path}: {reason}")
+    if result.card_commit:
+        print(f"model card pinned to {result.commit} (commit {result.card_commit})")
+    print(f'load it with: from_pretrained("{result.repo_id}", revision="{result.commit}", trust_remote_code=True)')
+    return 0
+
+
+def make_pull_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llava-normaligned pull",
+        description="Download a checkpoint from the Hub (pickle files excluded) and show the remote code it holds.",
+    )
+    parser.add_argument("repo_id", metavar="NS/NAME")
+    parser.add_argument("--revision", default=None, help="branch, tag or commit hash (default main)")
+    parser.add_argument("--local-dir", default=None, help="download here instead of the Hub cache")
+    parser.add_argument("--token", default=None, help="Hub token (default HF_TOKEN or the saved login)")
+    return parser
+
+
+def pull_main(argv: list[str] | None = None) -> int:
+    args = make_pull_parser().parse_args(argv)
+    try:
+        result = pull(args.repo_id, args.revision, args.local_dir, token=args.token)
+    except (PullError, ValueError) as error:
+        print(f"llava-normaligned pull: {scrub(str(error), known_tokens(args.token))}", file=sys.stderr)
+        return 1
+    print(f"{args.repo_id} at commit {result.commit} -> {result.path}")
+    for name in result.skipped_pickles:
+        print(f"  not downloaded: {name} (pickle)")
+    for name, digest, same in result.remote_code:
+        note = (f"identical to llava-normaligned {package_version()}'s" if same
+                else "NOT the installed package's: review it")
+        print(f"  remote code {name} sha256 {digest} ({note})")
+    print(f'load it with: from_pretrained("{result.path}", trust_remote_code=True)')
+    return 0
