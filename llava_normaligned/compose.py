@@ -113,6 +113,13 @@ def _vision_parts(vision_model: str, revision: str | None, dtype, trust_remote_c
     return vision_config, source
 
 
+def _public_name(name_or_path: str) -> str:
+    """A Hub id as given; for a local folder only its name, so no local path is published in config.json."""
+    if os.path.isdir(name_or_path):
+        return os.path.basename(os.path.normpath(name_or_path))
+    return name_or_path
+
+
 def _select_strategy(vision_config) -> tuple[str, int]:
     """LLaVA's feature select strategy and the number of extra (CLS) tokens of a vision encoder."""
     if vision_config.model_type in NO_CLS_VISION_TYPES:
@@ -186,9 +193,12 @@ def compose(
         tokenizer.pad_token = tokenizer.eos_token
     image_size, patch_size = vision_config.image_size, vision_config.patch_size
 
+    vision_dict, text_dict = vision_config.to_dict(), llm.config.to_dict()
+    # Where each part came from, as the model card's base_model: a Hub id, never a local path (privacy).
+    vision_dict["_name_or_path"], text_dict["_name_or_path"] = _public_name(vision_model), _public_name(text_model)
     config = LlavaNormAlignedConfig(
-        vision_config=vision_config.to_dict(),
-        text_config=llm.config.to_dict(),
+        vision_config=vision_dict,
+        text_config=text_dict,
         image_token_index=image_token_id,
         image_seq_length=(image_size // patch_size) ** 2,
         projector_hidden_act=projector_hidden_act,
