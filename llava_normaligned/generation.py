@@ -1,0 +1,199 @@
+"""Answer prompts about images with a loaded LLaVA-style model: one prompt streamed, or many in left-padded batches.
+
+A prompt is plain text; its images become ``{"type": "image"}`` parts of one user message, rendered by the
+processor's chat template, so the image token is placed by the template, never typed by the caller.
+
+    model, processor = load_model("./llava-na-3b", quantization="4bit")
+    generate_batch(model, processor, ["What colour is the shape?", "Describe both."], [img, [img_a, img_b]])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+ImageLike = Image.Image | str | os.PathLike
+
+
+# ------------------------------------------------------------------------------------------------------ images
+
+
+def open_image(source: ImageLike) -> Image.Image:
+    """A PIL image in RGB from an image or a path. Raises FileNotFoundError / ValueError naming the path."""
+    if isinstance(source, Image.Image):
+        return source.convert("RGB") if source.mode != "RGB" else source
+    path = os.fspath(source)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"image not found: {path}")
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"{path}: not an image PIL can read ({error})") from None
+
+
+def check_image_path(path: str | os.PathLike) -> None:
+    """Cheap up-front check (file exists, header is an image) so that a bad path fails before a model loads."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"image not found: {path}")
+    try:
+        with Image.open(path):  # reads the header only
+            pass
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"{path}: not an image PIL can read ({error})") from None
+
+
+def _images_per_prompt(images, n_prompts: int) -> list[list[ImageLike]]:
+    """Normalise ``images`` to one list per prompt: None, an image, or a list of images each."""
+    if images is None:
+        return [[] for _ in range(n_prompts)]
+    if isinstance(images, (Image.Image, str, os.PathLike)):
+        raise TypeError("images: expected one entry per prompt (None, an image, or a list of images), got one image")
+    images = list(images)
+    if len(images) != n_prompts:
+        raise ValueError(f"images: {len(images)} entries for {n_prompts} prompts; give one entry (or None) per prompt")
+    per_prompt = []
+    for entry in images:
+        if entry is None:
+            per_prompt.append([])
+        elif isinstance(entry, (Image.Image, str, os.PathLike)):
+            per_prompt.append([entry])
+        else:
+            per_prompt.append(list(entry))
+    return per_prompt
+
+
+# ----------------------------------------------------------------------------------------------------- prompts
+
+
+def build_messages(prompt: str, n_images: int, system: str | None = None) -> list[dict]:
+    """One user turn: ``n_images`` image parts, then the text (LLaVA-1.5 puts the image before the question)."""
+    content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": prompt}]
+    messages = [{"role": "user", "content": content}]
+    if system:
+        messages.insert(0, {"role": "system", "content": [{"type": "text", "text": system}]})
+    return messages
+
+
+def render_prompt(processor, prompt: str, n_images: int, system: str | None = None) -> str:
+    """The prompt text the model sees: the chat template applied, ending with the assistant's turn opener."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt: expected a string, got {type(prompt).__name__}")
+    image_token = getattr(processor, "image_token", None) or getattr(processor.tokenizer, "image_token", None)
+    if image_token and image_token in prompt:
+        raise ValueError(
+            f"prompt {prompt[:60]!r} contains the image token {image_token!r}: pass images separately; the chat "
+            "template places one image token per image"
+        )
+    if not getattr(processor, "chat_template", None):
+        raise ValueError("the processor has no chat template; this model cannot be prompted with chat messages")
+    return processor.apply_chat_template(build_messages(prompt, n_images, system), add_generation_prompt=True)
+
+
+# -------------------------------------------------------------------------------------------------- generation
+
+
+def _vision_dtype(model) -> torch.dtype:
+    """The dtype pixel values must have: that of the vision tower (a quantized model's ``dtype`` can mislead)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel wraps the model
+    tower = getattr(getattr(base, "model", base), "vision_tower", None)
+    if tower is not None:
+        for param in tower.parameters():
+            if param.is_floating_point():
+                return param.dtype
+    return model.dtype
+
+
+def prepare_inputs(model, processor, prompts: Sequence[str], images: list[list[ImageLike]], system: str | None = None):
+    """Tokenise a batch, left-padded (generation appends on the right), with pixel values on the model's device."""
+    texts = [render_prompt(processor, p, len(imgs), system) for p, imgs in zip(prompts, images)]
+    flat = [open_image(image) for imgs in images for image in imgs]
+    tokenizer = processor.tokenizer
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        inputs = processor(images=flat or None, text=texts, padding=True, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = side
+    inputs = inputs.to(model.device)
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(_vision_dtype(model))
+    return inputs
+
+
+def _generate_kwargs(model, processor, max_new_tokens: int, temperature: float, **extra) -> dict:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    kwargs = dict(max_new_tokens=max_new_tokens, **extra)
+    if temperature and temperature > 0:
+        kwargs.update(do_sample=True, temperature=temperature)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if getattr(model.generation_config, "pad_token_id", None) is None:
+        kwargs["pad_token_id"] = processor.tokenizer.pad_token_id
+    return kwargs
+
+
+def _batches(n: int, batch_size: int) -> Iterator[range]:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for start in range(0, n, batch_size):
+        yield range(start, min(start + batch_size, n))
+
+
+@torch.inference_mode()
+def generate_batch(
+    model,
+    processor,
+    prompts: Sequence[str],
+    images=None,
+    *,
+    max_new_tokens: int = 128,
+    batch_size: int = 8,
+    temperature: float = 0.0,
+    system: str | None = None,
+    **generate_kwargs,
+) -> list[str]:
+    """Answers to ``prompts``, in order. ``images`` has one entry per prompt: None, an image (PIL or path) or a list
+    of images. Greedy unless ``temperature > 0``; other keyword arguments go to ``model.generate``."""
+    if isinstance(prompts, str):
+        raise TypeError("prompts: expected a list of strings, got one string")
+    prompts = list(prompts)
+    per_prompt = _images_per_prompt(images, len(prompts))
+    kwargs = _generate_kwargs(model, processor, max_new_tokens, temperature, **generate_kwargs)
+    answers: list[str] = []
+    for batch in _batches(len(prompts), batch_size):
+        inputs = prepare_inputs(model, processor, [prompts[i] for i in batch], [per_prompt[i] for i in batch], system)
+        output = model.generate(**inputs, **kwargs)  # (B, prompt_len + new)
+        new_tokens = output[:, inputs["input_ids"].shape[1] :]
+        answers += [text.strip() for text in processor.batch_decode(new_tokens, skip_special_tokens=True)]
+    return answers
+
+
+@torch.inference_mode()
+def stream_answer(
+    model,
+    processor,
+    prompt: str,
+    images: Sequence[ImageLike] = (),
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    system: str | None = None,
+    streamer=None,
+    **generate_kwargs,
+) -> str:
+    """Answer one prompt, printing the answer to stdout as it is generated (or feeding ``streamer``, e.g. a
+    ``TextIteratorStreamer``); returns the whole answer."""
+    from transformers import TextStreamer
+
+    if streamer is None:
+        streamer = TextStreamer(processor.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    inputs = prepare_inputs(model, processor, [prompt], [list(images)], system)
+    kwargs = _generate_kwargs(model, processor, max_new_tokens, temperature, **generate_kwargs)
+    output = model.generate(**inputs, streamer=streamer, **kwargs)
+    return processor.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0].strip()

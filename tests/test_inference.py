@@ -1,0 +1,514 @@
+"""The inference path: full-precision and bitsandbytes 4/8-bit loading (real bitsandbytes, on CPU), the check of
+what is quantized, batched and streamed generation, and the ``generate`` command. Tiny models built in code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from llava_normaligned.generation import generate_batch, prepare_inputs
+from llava_normaligned.inference import (
+    KEEP_UNQUANTIZED,
+    QUANTIZED_ROOT,
+    load_model,
+    main,
+    resolve_device,
+    verify_quantization,
+)
+
+bnb = pytest.importorskip("bitsandbytes")  # a dev install has it (pyproject [dev]); the error path is tested below
+BNB_LINEAR = {"4bit": bnb.nn.Linear4bit, "8bit": bnb.nn.Linear8bitLt}
+PROMPT = "what colour is the shape in the image ?"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """Two small RGB PNGs of different sizes (the processor resizes them)."""
+    folder = tmp_path_factory.mktemp("images")
+    paths = []
+    for seed, (h, w) in enumerate([(40, 40), (30, 52)]):
+        pixels = (np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8")
+        paths.append(str(folder / f"image{seed}.png"))
+        Image.fromarray(pixels).save(paths[-1])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def full_precision(tiny_model_dir):
+    return load_model(tiny_model_dir, device="cpu")
+
+
+@pytest.fixture(scope="module", params=["4bit", "8bit"])
+def quantized(request, tiny_model_dir):
+    model, processor, report = load_model(tiny_model_dir, quantization=request.param, device="cpu", return_report=True)
+    return request.param, model, processor, report
+
+
+# ------------------------------------------------------------------------------------------ what is quantized
+
+
+def test_quantized_load_keeps_precise_modules_and_quantizes_llm(quantized, full_precision):
+    mode, model, _, report = quantized
+    fp_model, _ = full_precision
+    for path in KEEP_UNQUANTIZED:
+        kept = model.get_submodule(path)
+        assert not [n for n, m in kept.named_modules() if type(m).__module__.startswith("bitsandbytes")], path
+        assert all(p.dtype == torch.float32 for p in kept.parameters()), path
+    assert model.model.multi_modal_projector.norm is not None
+    # Every nn.Linear of the full-precision LLM is a bnb layer of the requested kind in the quantized one.
+    fp_linears = sorted(
+        f"{QUANTIZED_ROOT}.{n}"
+        for n, m in fp_model.get_submodule(QUANTIZED_ROOT).named_modules()
+        if type(m) is nn.Linear
+    )
+    q_linears = sorted(
+        f"{QUANTIZED_ROOT}.{n}"
+        for n, m in model.get_submodule(QUANTIZED_ROOT).named_modules()
+        if isinstance(m, BNB_LINEAR[mode])
+    )
+    assert fp_linears and q_linears == fp_linears == sorted(report.quantized_layers)
+    assert report.mode == mode and set(report.kept) == set(KEEP_UNQUANTIZED)
+    # The projector norm's gain (T / sqrt(D), paper §5.1) arrives bit for bit.
+    torch.testing.assert_close(
+        model.model.multi_modal_projector.norm.weight, fp_model.model.multi_modal_projector.norm.weight, rtol=0, atol=0
+    )
+    assert report.footprint_bytes < fp_model.get_memory_footprint()
+
+
+def test_verify_refuses_a_model_quantized_with_bare_skip_names(tiny_model_dir):
+    """The trap of STACK-NOTES: bare names match nothing, the vision tower gets quantized; the check must catch it."""
+    from transformers import AutoModelForImageTextToText, BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(
+        load_in_8bit=True, llm_int8_skip_modules=["vision_tower", "multi_modal_projector", "lm_head"]
+    )
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, quantization_config=config, device_map="cpu")
+    with pytest.raises(RuntimeError, match=r"under 'model.vision_tower' are quantized"):
+        verify_quantization(model, "8bit")
+
+
+def test_verify_refuses_a_full_precision_model_as_quantized(full_precision):
+    with pytest.raises(RuntimeError, match="not quantized as 4bit"):
+        verify_quantization(full_precision[0], "4bit")
+
+
+# --------------------------------------------------------------------------------- closeness to full precision
+
+
+def _agreement(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(mean cosine of the centred logit vectors, top-1 agreement) over positions; a, b: (N, V)."""
+    a, b = a.float() - a.float().mean(-1, keepdim=True), b.float() - b.float().mean(-1, keepdim=True)
+    return float(nn.functional.cosine_similarity(a, b, dim=-1).mean()), float(
+        (a.argmax(-1) == b.argmax(-1)).float().mean()
+    )
+
+
+@pytest.fixture(scope="module")
+def unrelated_model(tmp_path_factory):
+    """Same architecture and processor, other random weights: what 'not close' looks like to the metric."""
+    from llava_normaligned.compose import compose
+    from llava_normaligned.tiny import save_tiny_parts
+
+    model, _ = compose(*save_tiny_parts(tmp_path_factory.mktemp("unrelated"), seed=7))
+    return model
+
+
+def test_greedy_generation_logits_stay_close_to_full_precision(quantized, full_precision, unrelated_model, images):
+    """Greedy decoding with the quantized model; the full-precision model is teacher-forced on the same tokens and
+    the logits of every prompt and generated position compared.
+
+    The tiny model is random, so its logits are nearly flat (entropy ~5.98 nats of a possible 5.99) and the argmax is
+    decided by small margins: top-1 agreement is a weak signal there, the cosine of the centred logit vectors a
+    strong one. Measured: 8-bit ~1.000 cosine / 1.00 top-1; NF4 ~0.99 / 0.90 (about the error of 10% Gaussian noise
+    on every LLM weight, which NF4's 16 levels amount to); an unrelated model ~0. The bounds leave room for kernel
+    differences across CPUs and stay far from the unrelated model."""
+    mode, model, processor, _ = quantized
+    fp_model, _ = full_precision
+    inputs = prepare_inputs(model, processor, [PROMPT], [[images[0]]])
+    out = model.generate(
+        **inputs, max_new_tokens=8, min_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+    assert out.sequences.shape[1] == inputs["input_ids"].shape[1] + 8
+    full = {k: v for k, v in inputs.items()}
+    full["input_ids"] = out.sequences
+    full["attention_mask"] = torch.ones_like(out.sequences)
+    with torch.no_grad():
+        q_logits = model(**full).logits[0, :-1]  # (L-1, V): every next-token prediction
+        fp_logits = fp_model(**full).logits[0, :-1]
+        other_logits = unrelated_model(**full).logits[0, :-1]
+    # The logits generate() returned are those of the teacher-forced pass at the generated positions.
+    torch.testing.assert_close(torch.stack(out.logits, 1)[0].float(), q_logits[-8:].float(), rtol=1e-3, atol=1e-3)
+    cosine, top1 = _agreement(q_logits, fp_logits)
+    bound = {"8bit": (0.995, 0.95), "4bit": (0.97, 0.75)}[mode]
+    assert cosine >= bound[0] and top1 >= bound[1], (mode, cosine, top1)
+    assert _agreement(other_logits, fp_logits)[0] < 0.5  # the metric does tell models apart
+
+
+# ------------------------------------------------------------------------ stock, converted and adapter checkpoints
+
+
+@pytest.fixture(scope="module")
+def stock_llava_dir(tiny_parts, tmp_path_factory):
+    """A stock transformers LLaVA (no projector norm) with the tiny parts' weights, saved with its processor."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    from llava_normaligned.compose import compose
+
+    model, processor = compose(*tiny_parts, projector_norm=None)
+    fields = {
+        k: v
+        for k, v in model.config.to_dict().items()
+        if k
+        not in (
+            "model_type",
+            "architectures",
+            "auto_map",
+            "transformers_version",
+            "projector_norm",
+            "norm_target",
+            "norm_init",
+            "gradient_compensation",
+            "gradient_compensation_min",
+        )
+    }
+    stock = LlavaForConditionalGeneration(LlavaConfig(**fields))
+    stock.load_state_dict(model.state_dict(), strict=True)
+    folder = str(tmp_path_factory.mktemp("stock_llava"))
+    stock.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def test_stock_and_converted_checkpoints_load_quantized(stock_llava_dir, images, tmp_path):
+    from llava_normaligned.compose import convert_from_llava, save
+
+    stock, processor, report = load_model(stock_llava_dir, quantization="8bit", device="cpu", return_report=True)
+    assert type(stock).__name__ == "LlavaForConditionalGeneration" and len(report.quantized_layers) == 14
+    converted_dir = str(tmp_path / "converted")
+    save(*convert_from_llava(stock_llava_dir), converted_dir)
+    model, processor, report = load_model(converted_dir, quantization="4bit", device="cpu", return_report=True)
+    assert type(model).__name__ == "LlavaNormAlignedForConditionalGeneration" and len(report.quantized_layers) == 14
+    assert model.model.multi_modal_projector.norm.weight.dtype == torch.float32
+    assert generate_batch(model, processor, [PROMPT], [images[0]], max_new_tokens=3)[0]
+
+
+def test_lora_adapter_folder_loads_merged_and_on_a_quantized_base(tiny_model_dir, images, tmp_path):
+    """What `train --use_peft` writes: an adapter folder naming its base. Full precision merges it (same logits as
+    the PeftModel); 4-bit keeps it unmerged on the checked 4-bit base."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+
+    base = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir).eval()
+    lora = LoraConfig(
+        r=4,
+        target_modules=r".*language_model.*\.(q_proj|v_proj|up_proj)",
+        modules_to_save=["multi_modal_projector"],
+        init_lora_weights=False,
+    )  # random B: not a no-op
+    torch.manual_seed(0)
+    peft_model = get_peft_model(base, lora).eval()
+    adapter_dir = str(tmp_path / "adapter")
+    peft_model.save_pretrained(adapter_dir)
+    assert not os.path.exists(os.path.join(adapter_dir, "config.json"))
+
+    merged, processor = load_model(adapter_dir, device="cpu")
+    inputs = prepare_inputs(merged, processor, [PROMPT], [[images[0]]])
+    reloaded = PeftModel.from_pretrained(
+        LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir), adapter_dir
+    ).eval()
+    with torch.no_grad():
+        expected = reloaded(**inputs).logits
+        plain = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir).eval()(**inputs).logits
+        torch.testing.assert_close(merged(**inputs).logits, expected, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(plain, expected, atol=1e-4)  # the adapter does change the model
+
+    quantized, processor, report = load_model(adapter_dir, quantization="4bit", device="cpu", return_report=True)
+    assert isinstance(quantized, PeftModel) and report.mode == "4bit" and len(report.quantized_layers) == 14
+    with torch.no_grad():
+        cosine, _ = _agreement(quantized(**inputs).logits[0], expected[0])
+    assert cosine >= 0.97
+    assert generate_batch(quantized, processor, [PROMPT], [images[0]], max_new_tokens=3)[0]
+
+
+# -------------------------------------------------------------------------------------------------- generation
+
+
+def test_batched_generation_matches_one_by_one(full_precision, images):
+    """Left padding: answers in one batch (prompts of different lengths, 0, 1 and 2 images) equal those alone."""
+    model, processor = full_precision
+    prompts = [PROMPT, "how many shapes are there ?", "describe the picture"]
+    per_prompt = [images[0], None, [images[0], images[1]]]
+    together = generate_batch(model, processor, prompts, per_prompt, max_new_tokens=6, batch_size=3)
+    alone = generate_batch(model, processor, prompts, per_prompt, max_new_tokens=6, batch_size=1)
+    assert together == alone and all(together)
+    assert processor.tokenizer.padding_side == "left"
+
+
+def test_generate_batch_rejects_bad_input(full_precision, images, tmp_path):
+    model, processor = full_precision
+    with pytest.raises(ValueError, match="2 entries for 1 prompts"):
+        generate_batch(model, processor, [PROMPT], [images[0], images[1]])
+    with pytest.raises(FileNotFoundError, match="nope.png"):
+        generate_batch(model, processor, [PROMPT], [str(tmp_path / "nope.png")])
+    with pytest.raises(ValueError, match="contains the image token"):
+        generate_batch(model, processor, ["<image>\n" + PROMPT], [images[0]])
+    with pytest.raises(TypeError, match="one string"):
+        generate_batch(model, processor, PROMPT, [images[0]])
+
+
+# ------------------------------------------------------------------------------------------- errors, no fallback
+
+
+def test_device_errors():
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    with pytest.raises(ValueError, match="'meta' is not one of"):
+        resolve_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="'cuda' was requested but is not available"):
+            resolve_device("cuda")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(RuntimeError, match="'mps' was requested"):
+            resolve_device("mps")
+
+
+def test_quantized_load_refuses_bad_mode_and_missing_device(tiny_model_dir):
+    with pytest.raises(ValueError, match="'int4'"):
+        load_model(tiny_model_dir, quantization="int4")
+    with pytest.raises(FileNotFoundError, match="model folder not found: ./no/such/model"):
+        load_model("./no/such/model", quantization="4bit", device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="not available"):
+            load_model(tiny_model_dir, quantization="4bit", device="cuda")
+
+
+def _run_python(code: str, cwd: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_missing_bitsandbytes_is_a_clear_error(tiny_model_dir, images, tmp_path):
+    """A fresh process in which bitsandbytes cannot be imported: the loader raises ImportError with the pip command,
+    the CLI exits 1 with it, and full precision still loads."""
+    result = _run_python(
+        f"""
+        import sys
+        sys.modules["bitsandbytes"] = None  # makes `import bitsandbytes` raise ImportError
+        from llava_normaligned.inference import load_model, main
+        try:
+            load_model({tiny_model_dir!r}, quantization="4bit", device="cpu")
+        except ImportError as error:
+            print("API:", error)
+        argv = [{tiny_model_dir!r}, "--image", {images[0]!r}, "--prompt", "hi", "--load-in-8bit", "--device", "cpu"]
+        code = main(argv)
+        print("CLI exit:", code)
+        model, _ = load_model({tiny_model_dir!r}, device="cpu")
+        print("full precision:", sum(p.numel() for p in model.parameters()) > 0)
+    """,
+        cwd=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "API: 4-bit and 8-bit loading need bitsandbytes" in result.stdout and "pip install" in result.stdout
+    assert "CLI exit: 1" in result.stdout
+    assert "generate: error: 4-bit and 8-bit loading need bitsandbytes" in result.stderr
+    assert "full precision: True" in result.stdout
+
+
+def test_trust_remote_code_in_a_fresh_process(tiny_model_dir, images, tmp_path):
+    """The saved folder alone (this package's model code made unimportable): 4-bit loads through the checkpoint's
+    remote code, passes the check, and answers."""
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "checkpoint")
+    result = _run_python(
+        f"""
+        import sys
+        sys.modules["modeling_llava_normaligned"] = None  # as on a machine without this package's model
+        from llava_normaligned.inference import load_model
+        from llava_normaligned.generation import generate_batch
+        model, processor, report = load_model({str(folder)!r}, quantization="4bit", device="cpu", return_report=True)
+        print("class:", type(model).__module__, type(model).__name__)
+        print("layers:", len(report.quantized_layers))
+        print("answer:", repr(generate_batch(model, processor, ["hi"], [{images[0]!r}], max_new_tokens=4)[0]))
+    """,
+        cwd=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        "class: transformers_modules." in result.stdout and "LlavaNormAlignedForConditionalGeneration" in result.stdout
+    )
+    assert "layers: 14" in result.stdout and "answer: '" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------------------- the CLI
+
+
+def test_cli_streams_the_answer_of_the_batch_api(tiny_model_dir, images, quantized, capsys):
+    mode, model, processor, _ = quantized
+    code = main(
+        [
+            tiny_model_dir,
+            "--image",
+            images[0],
+            "--prompt",
+            PROMPT,
+            f"--load-in-{mode}",
+            "--max-new-tokens",
+            "6",
+            "--device",
+            "cpu",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    expected = generate_batch(model, processor, [PROMPT], [images[0]], max_new_tokens=6)[0]
+    assert expected and captured.out.strip() == expected
+    assert f"{mode} on cpu" in captured.err and "model.multi_modal_projector (float32)" in captured.err
+
+
+def test_console_script_answers_a_question_about_an_image(tiny_model_dir, images, tmp_path):
+    script = shutil.which("llava-normaligned", path=os.path.dirname(sys.executable)) or shutil.which(
+        "llava-normaligned"
+    )
+    assert script, "the console script is not installed (pip install -e .)"
+    result = subprocess.run(
+        [
+            script,
+            "generate",
+            tiny_model_dir,
+            "--image",
+            images[0],
+            images[1],
+            "--prompt",
+            PROMPT,
+            "--load-in-4bit",
+            "--max-new-tokens",
+            "5",
+            "--device",
+            "cpu",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() and "4bit on cpu" in result.stderr
+
+
+def test_cli_batch_mode_writes_every_answer(tiny_model_dir, images, tmp_path, capsys):
+    rows = [
+        {"prompt": PROMPT, "images": [images[0]], "id": 1},
+        {"prompt": "how many shapes are there ?", "id": 2},
+        {"prompt": "describe", "images": [os.path.basename(images[1])], "id": 3},
+    ]
+    prompts_file = os.path.join(os.path.dirname(images[1]), "rows.jsonl")  # relative paths are from its folder
+    with open(prompts_file, "w") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in rows)
+    output = tmp_path / "out" / "answers.jsonl"
+    code = main(
+        [
+            tiny_model_dir,
+            "--prompts-file",
+            prompts_file,
+            "--output",
+            str(output),
+            "--batch-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--device",
+            "cpu",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [w["id"] for w in written] == [1, 2, 3] and all(w["answer"] for w in written)
+    assert not os.path.exists(str(output) + ".partial")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--image", "missing.png", "--prompt", "hi"], "image not found: missing.png"),
+        (["--image", "{img}", "--prompt", "hi", "--load-in-4bit", "--load-in-8bit"], "not allowed with argument"),
+        (["--image", "{img}", "--prompt", "hi", "--device", "tpu"], "unknown device 'tpu'"),
+        (["--image", "{img}"], "give either --prompt"),
+        (["--prompts-file", "{rows}", "--output", "x.jsonl"], "rows.jsonl:2: image not found"),
+        (["--image", "{img}", "--prompt", "hi", "--dtype", "float8"], "unknown value 'float8'"),
+    ],
+)
+def test_cli_usage_errors_name_the_input(tiny_model_dir, images, tmp_path, capsys, argv, message):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": "b", "images": ["gone.png"]}) + "\n")
+    argv = [a.format(img=images[0], rows=rows) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main([tiny_model_dir, *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cli_cuda_without_cuda_exits_1(tiny_model_dir, images, capsys):
+    assert main([tiny_model_dir, "--image", images[0], "--prompt", "hi", "--load-in-4bit", "--device", "cuda"]) == 1
+    assert "'cuda' was requested but is not available" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ on a GPU only
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the bf16 NF4 recipe)")
+
+
+@requires_cuda
+@pytest.mark.parametrize("mode", ["4bit", "8bit"])
+def test_cuda_quantized_path(tiny_model_dir, images, mode, capsys):
+    """The GPU recipe: NF4 + double quant with bf16 compute (8-bit: LLM.int8), unquantized parts in bf16, logits
+    close to the bf16 model, batched generation and the CLI on the GPU."""
+    fp_model, _ = load_model(tiny_model_dir, device="cuda", dtype="bfloat16")
+    model, processor, report = load_model(tiny_model_dir, quantization=mode, device="cuda", return_report=True)
+    assert model.device.type == "cuda" and report.device.startswith("cuda")
+    assert set(report.kept.values()) == {"bfloat16"}
+    if mode == "4bit":
+        layer = model.get_submodule(report.quantized_layers[0])
+        assert report.compute_dtype == "bfloat16" and layer.weight.quant_state.quant_type == "nf4"
+        assert layer.weight.quant_state.nested  # double quantization
+    inputs = prepare_inputs(model, processor, [PROMPT], [[images[0]]])
+    with torch.no_grad():
+        cosine, top1 = _agreement(model(**inputs).logits[0], fp_model(**inputs).logits[0])
+    assert cosine >= {"8bit": 0.99, "4bit": 0.95}[mode], (mode, cosine, top1)
+    answers = generate_batch(
+        model, processor, [PROMPT, "describe"], [images[0], [images[0], images[1]]], max_new_tokens=5, batch_size=2
+    )
+    assert len(answers) == 2
+    assert (
+        main(
+            [
+                tiny_model_dir,
+                "--image",
+                images[0],
+                "--prompt",
+                PROMPT,
+                f"--load-in-{mode}",
+                "--device",
+                "cuda",
+                "--max-new-tokens",
+                "5",
+            ]
+        )
+        == 0
+    )
+    assert f"{mode} on cuda" in capsys.readouterr().err
