@@ -1,0 +1,226 @@
+"""Training data: the LLaVA JSON loader, HF messages datasets, answer-only labels for any chat template, the length
+and image checks. Real processors (tiny, built in code), real datasets; nothing is mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from llava_normaligned.trainer.collator import IGNORE_INDEX, ImageDecodeError, LlavaTrainingCollator
+from llava_normaligned.trainer.data import (
+    DataError,
+    load_llava_json,
+    load_llava_json_with_report,
+    load_messages_dataset_with_report,
+)
+from llava_normaligned.trainer.masking import TemplateError, has_generation_markers
+from llava_normaligned.trainer.preprocess import prepare_dataset
+from test_train_support import write_llava_dataset
+
+
+def _write(path, rows):
+    with open(path, "w") as handle:
+        json.dump(rows, handle)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def dataset_files(tmp_path_factory):
+    return write_llava_dataset(tmp_path_factory.mktemp("llava_json"), n_rows=6, text_only=1)
+
+
+# ------------------------------------------------------------------------------------------------------ loader
+
+
+def test_llava_json_multi_turn_text_only_and_image_placement(dataset_files, tmp_path):
+    path, images = dataset_files
+    extra = _write(tmp_path / "extra.json", [
+        {"id": "tail-tag", "image": "1.png",
+         "conversations": [{"from": "gpt", "value": "dropped lead"}, {"from": "human", "value": "colour?\n<image>"},
+                           {"from": "gpt", "value": "green"}]},
+    ])
+    dataset, report = load_llava_json_with_report(f"{path},{extra}", images)
+    assert len(dataset) == 8 and report.rows_kept == 8 and report.text_only_rows == 1
+    assert report.leading_assistant_turns_dropped == 1  # as LLaVA's preprocess does
+    first = dataset[0]
+    assert first["id"] == "img-0" and len(first["images"]) == 1 and first["images"][0].size == (32, 32)
+    assert [m["role"] for m in first["messages"]] == ["user", "assistant", "user", "assistant"]  # multi-turn kept
+    assert "<image>" not in first["messages"][0]["content"]
+    text_only = dataset[6]
+    assert text_only["id"] == "text-0" and text_only["images"] == []
+    assert dataset[7]["messages"][0] == {"role": "user", "content": "colour?"}  # tag removed, image goes first
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"id": "a", "conversations": [{"from": "human", "value": "hi"}]}, "no assistant turn"),
+        ({"id": "b", "conversations": [{"from": "robot", "value": "hi"}]}, "unknown 'from'"),
+        ({"id": "c", "conversations": []}, "non-empty list"),
+        ({"id": "d", "conversations": [{"from": "human", "value": "<image> hi"}, {"from": "gpt", "value": "x"}]},
+         "has no image"),
+        ({"id": "e", "image": "0.png", "conversations": [{"from": "human", "value": "<image><image>"},
+                                                           {"from": "gpt", "value": "x"}]}, "2 <image> tag(s)"),
+    ],
+)
+def test_llava_json_bad_rows_are_named_or_skipped(dataset_files, tmp_path, row, message):
+    _, images = dataset_files
+    good = {"id": "ok", "image": "0.png", "conversations": [{"from": "human", "value": "<image>\nq"},
+                                                            {"from": "gpt", "value": "a"}]}
+    path = _write(tmp_path / "rows.json", [good, row])
+    with pytest.raises(DataError) as err:
+        load_llava_json(path, images)
+    assert message in str(err.value) and f"id {row['id']!r}" in str(err.value) and "rows.json row 1" in str(err.value)
+    dataset, report = load_llava_json_with_report(path, images, on_bad_row="skip")
+    assert len(dataset) == 1 and report.bad_rows_skipped == 1 and report.rows_read == 2
+
+
+def test_missing_and_unreadable_images_name_the_row_or_are_skipped(dataset_files, tmp_path):
+    _, images = dataset_files
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    turns = [{"from": "human", "value": "<image>\nq"}, {"from": "gpt", "value": "a"}]
+    path = _write(tmp_path / "rows.json", [
+        {"id": "fine", "image": os.path.join(images, "0.png"), "conversations": turns},
+        {"id": "gone", "image": "missing.png", "conversations": turns},
+        {"id": "junk", "image": str(broken), "conversations": turns},
+    ])
+    with pytest.raises(DataError) as err:
+        load_llava_json(path, images)
+    text = str(err.value)
+    assert "2 row(s)" in text and "'gone'" in text and "missing.png: file not found" in text
+    assert "'junk'" in text and "unreadable" in text
+    dataset, report = load_llava_json_with_report(path, images, on_bad_image="skip")
+    assert dataset["id"] == ["fine"] and report.bad_images_skipped == 2
+    # "exists" does not open files: the junk file passes up front (the collator names it later)
+    dataset = load_llava_json(path, images, check_images="exists", on_bad_image="skip")
+    assert dataset["id"] == ["fine", "junk"]
+
+
+def test_messages_dataset_saved_and_parquet(dataset_files, tmp_path):
+    path, images = dataset_files
+    dataset = load_llava_json(path, images)
+    dataset.save_to_disk(str(tmp_path / "saved"))
+    os.makedirs(tmp_path / "pq")
+    dataset.to_parquet(str(tmp_path / "pq" / "train.parquet"))
+    for source in (tmp_path / "saved", tmp_path / "pq"):
+        loaded, report = load_messages_dataset_with_report(str(source))
+        assert loaded["id"] == dataset["id"] and report.text_only_rows == 1
+        assert loaded[1]["messages"] == dataset[1]["messages"] and loaded[1]["images"][0].size == (32, 32)
+
+
+def test_messages_dataset_with_image_parts(tmp_path):
+    from datasets import Dataset
+    from PIL import Image
+
+    rows = [{"messages": [{"role": "user", "content": [{"type": "image", "text": None},
+                                                       {"type": "text", "text": "what?"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "red", }]}],
+             "images": [Image.new("RGB", (8, 8), "red")]},
+            {"messages": [{"role": "user", "content": [{"type": "image", "text": None},
+                                                       {"type": "image", "text": None}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "x"}]}],
+             "images": [Image.new("RGB", (8, 8), "red")]}]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "parts"))
+    with pytest.raises(DataError, match="2 image part"):
+        load_messages_dataset_with_report(str(tmp_path / "parts"))
+    loaded, report = load_messages_dataset_with_report(str(tmp_path / "parts"), on_bad_row="skip")
+    assert len(loaded) == 1 and report.bad_rows_skipped == 1
+    assert loaded[0]["messages"] == [{"role": "user", "content": "what?"}, {"role": "assistant", "content": "red"}]
+
+
+# ---------------------------------------------------------------------------------------- answer-only labels
+
+
+def _no_markers(template: str) -> str:
+    stripped = template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    assert not has_generation_markers(stripped)
+    return stripped
+
+
+@pytest.mark.parametrize("markers", [True, False], ids=["generation-markers", "no-markers"])
+def test_labels_keep_only_answers(tiny_processor, dataset_files, markers):
+    path, images = dataset_files
+    dataset = load_llava_json(path, images)
+    template = None if markers else _no_markers(tiny_processor.chat_template)
+    prepared, report = prepare_dataset(dataset, tiny_processor, max_length=128, chat_template=template)
+    assert report.masking == ("generation-markers" if markers else "prefix-rendering")
+    batch = LlavaTrainingCollator(tiny_processor, max_length=128)([prepared[i] for i in (0, 1, 6)])
+    tok = tiny_processor.tokenizer
+    labels, ids = batch["labels"], batch["input_ids"]
+    image_id = tiny_processor.image_token_id
+    assert (ids == image_id).sum() == 2 * 16  # two rows with an image, 16 tokens each
+    assert not ((labels == image_id).any())  # image tokens never in the labels
+    trained = [tok.decode(ids[b][labels[b] != IGNORE_INDEX]) for b in range(3)]
+    # every assistant turn of the multi-turn row, with the end-of-turn token; nothing of the prompts
+    assert trained == ["red<|im_end|>no<|im_end|>", "green<|im_end|>", "one<|im_end|>"]
+    # labels are the input ids where trained (the model shifts them itself)
+    kept = labels != IGNORE_INDEX
+    assert torch.equal(labels[kept], ids[kept])
+    assert batch["pixel_values"].shape == (2, 3, 32, 32)
+
+
+def test_both_masking_methods_agree_on_a_chatml_template(tiny_processor, dataset_files):
+    path, images = dataset_files
+    dataset = load_llava_json(path, images)
+    with_markers, _ = prepare_dataset(dataset, tiny_processor, max_length=None)
+    without, _ = prepare_dataset(dataset, tiny_processor, max_length=None,
+                                 chat_template=_no_markers(tiny_processor.chat_template))
+    assert with_markers["rendered"] == without["rendered"]
+    assert with_markers["spans"] == without["spans"]
+
+
+def test_template_that_rewrites_earlier_turns_is_refused(tiny_processor, dataset_files):
+    path, images = dataset_files
+    dataset = load_llava_json(path, images).select([0])
+    # renders the last message differently from the same message followed by more turns
+    odd = _no_markers(tiny_processor.chat_template).replace(
+        "{{ '<|im_start|>' + message['role'] + '\n' }}",
+        "{{ '<|im_start|>' + message['role'] + ('-last' if loop.last else '') + '\n' }}",
+    )
+    with pytest.raises(TemplateError, match="prefix"):
+        prepare_dataset(dataset, tiny_processor, max_length=None, chat_template=odd)
+
+
+# --------------------------------------------------------------------------------------- length and images
+
+
+def test_rows_longer_than_max_length_are_dropped_or_refused_never_cut(tiny_processor, dataset_files):
+    path, images = dataset_files
+    dataset = load_llava_json(path, images)
+    full, _ = prepare_dataset(dataset, tiny_processor, max_length=None)
+    lengths = full["num_tokens"]
+    batch = LlavaTrainingCollator(tiny_processor)([full[i] for i in range(len(full))])
+    assert batch["attention_mask"].sum(dim=1).tolist() == lengths  # the up-front count is the real length
+    limit = sorted(lengths)[len(lengths) // 2]
+    kept, report = prepare_dataset(dataset, tiny_processor, max_length=limit)
+    assert report.too_long_dropped == sum(n > limit for n in lengths) > 0
+    assert max(kept["num_tokens"]) <= limit and len(kept) == len(dataset) - report.too_long_dropped
+    with pytest.raises(ValueError, match="never truncated") as err:
+        prepare_dataset(dataset, tiny_processor, max_length=limit, on_too_long="error")
+    assert "img-0" in str(err.value)
+    # the collator's guard names a row that slipped through
+    with pytest.raises(ValueError, match="img-0"):
+        LlavaTrainingCollator(tiny_processor, max_length=limit)([full[0]])
+
+
+def test_image_that_fails_to_decode_in_training(tiny_processor, dataset_files, tmp_path):
+    _, images = dataset_files
+    broken = tmp_path / "late.png"
+    broken.write_bytes(b"\x89PNG broken")
+    rows = [{"id": "late", "image": str(broken), "conversations": [{"from": "human", "value": "<image>\nq"},
+                                                                  {"from": "gpt", "value": "a"}]},
+            {"id": "ok", "image": os.path.join(images, "0.png"),
+             "conversations": [{"from": "human", "value": "<image>\nq"}, {"from": "gpt", "value": "b"}]}]
+    dataset = load_llava_json(_write(tmp_path / "late.json", rows), None, check_images="exists")
+    prepared, _ = prepare_dataset(dataset, tiny_processor, max_length=None)
+    with pytest.raises(ImageDecodeError, match="'late'.*late.png"):
+        LlavaTrainingCollator(tiny_processor)([prepared[0], prepared[1]])
+    collator = LlavaTrainingCollator(tiny_processor, on_bad_image="skip", report_skips=True)
+    batch = collator([prepared[0], prepared[1]])
+    assert int(batch["skipped_rows"]) == 1 and collator.skipped == 1
+    assert (batch["labels"][0] == IGNORE_INDEX).all()  # the bad row trains nothing
+    assert (batch["labels"][1] != IGNORE_INDEX).any()
+    assert batch["pixel_values"].shape[0] == 2  # the batch keeps its shape

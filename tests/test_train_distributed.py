@@ -1,0 +1,79 @@
+"""Two-process DDP over gloo on the CPU (torchrun): both ranks train and end with identical weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import torch
+from test_train_support import write_llava_dataset
+
+RANK_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import torch, torch.distributed as dist
+    from transformers import AutoProcessor
+    from trl import SFTConfig
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+    from llava_normaligned.trainer.data import load_llava_json
+    from llava_normaligned.trainer.train import train_stage
+
+    model_dir, data, images, out = sys.argv[1:5]
+    args = SFTConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], gradient_checkpointing=False,
+                     max_steps=3, per_device_train_batch_size=2, logging_steps=1, save_strategy="no",
+                     learning_rate=1e-3, seed=0, disable_tqdm=True)
+    model = LlavaNormAlignedForConditionalGeneration.from_pretrained(model_dir)
+    result = train_stage(model, AutoProcessor.from_pretrained(model_dir), load_llava_json(data, images),
+                         stage=2, args=args, lr_vision=2e-4)
+    rank = dist.get_rank()
+    torch.save({n: p.detach() for n, p in result.model.named_parameters()}, os.path.join(out, f"rank{rank}.pt"))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+        json.dump({"rank": rank, "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+                   "pid": os.getpid(), "parallel_mode": str(args.parallel_mode)}, handle)
+''')
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    path, images = write_llava_dataset(tmp_path / "data", n_rows=8, text_only=1)
+    script = tmp_path / "rank_script.py"
+    script.write_text(RANK_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               str(script), tiny_model_dir, path, images, str(out)]
+    # its own process group, so that a hang is cleaned up whole (the launcher and both ranks)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"2-process DDP did not finish in 300 s:\n{output[-4000:]}") from None
+    assert proc.returncode == 0, output[-4000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["pid"] != ranks[1]["pid"]
+    assert all(r["world_size"] == 2 and r["backend"] == "gloo" and r["parallel_mode"] == "ParallelMode.DISTRIBUTED"
+               for r in ranks)
+    w0, w1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
+    assert w0.keys() == w1.keys()
+    for name in w0:
+        assert torch.equal(w0[name], w1[name]), name
+    initial = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    moved = [n for n in w0 if n in initial and not torch.equal(initial[n], w0[n])]
+    assert any("language_model" in n for n in moved) and any("multi_modal_projector" in n for n in moved)
+    assert (out / "model.safetensors").exists()  # rank 0 saved the final model

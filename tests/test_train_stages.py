@@ -1,0 +1,177 @@
+"""The two LLaVA-1.5 stages with the real TRL SFTTrainer on a tiny model: what each stage trains, the per-part
+learning rates, the norm tracking (through the Trainer's loggers and as JSON), stock LLaVA through the same path."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from llava_normaligned.trainer.callbacks import (
+    NORM_TRACKING_FILE,
+    text_embedding_norm,
+    vision_text_norm_ratio,
+)
+from llava_normaligned.trainer.collator import LlavaTrainingCollator
+from llava_normaligned.trainer.data import load_llava_json
+from llava_normaligned.trainer.preprocess import prepare_dataset
+from llava_normaligned.trainer.stages import freeze_stage1, unused_vision_parameters
+from llava_normaligned.trainer.train import SUMMARY_FILE, train_stage
+from test_train_support import changed, cpu_config, snapshot, stock_llava_like, write_llava_dataset
+
+PROJECTOR_PARAMS = {
+    f"model.multi_modal_projector.{name}"
+    for name in ("linear_1.weight", "linear_1.bias", "linear_2.weight", "linear_2.bias", "norm.weight", "norm.bias")
+}
+GAIN_FIELDS = ("gain_abs_mean", "gain_l2", "bias_abs_mean", "gwc_factor", "gain_grad_abs_mean")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path, images = write_llava_dataset(tmp_path_factory.mktemp("stages_data"), n_rows=12, text_only=1)
+    return load_llava_json(path, images)
+
+
+def _batch(processor, dataset, n=2):
+    prepared, _ = prepare_dataset(dataset, processor, max_length=None)
+    return LlavaTrainingCollator(processor)([prepared[i] for i in range(n)])
+
+
+def test_stage1_trains_only_the_projector_and_its_norm(tiny_model, tiny_processor, dataset, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForImageTextToText
+
+    before = snapshot(tiny_model)
+    args = cpu_config(tmp_path / "stage1", report_to=["tensorboard"])
+    result = train_stage(tiny_model, tiny_processor, dataset, stage=1, args=args)
+
+    assert changed(before, result.model) == PROJECTOR_PARAMS
+    # the norm tracking reached the Trainer's loggers (TensorBoard here) and the JSON file
+    tags = set()
+    for root, _, files in os.walk(tmp_path / "stage1" / "runs"):  # the TensorBoard callback's default folder
+        for name in files:
+            events = EventAccumulator(os.path.join(root, name))
+            events.Reload()
+            tags |= set(events.Tags()["scalars"])
+    assert {"train/norm/vision_text_ratio", "train/norm/projector_output_norm", "train/norm/gwc_factor",
+            "train/norm/gain_grad_abs_mean"} <= tags
+    with open(os.path.join(result.output_dir, NORM_TRACKING_FILE)) as handle:
+        records = json.load(handle)
+    assert records == result.norm_tracking and [r["step"] for r in records] == [0, 1, 2, 3]
+    start, end = records[0], records[-1]
+    assert start["gain_abs_mean"] == pytest.approx(tiny_model.config.norm_target
+                                                   / tiny_model.config.text_config.hidden_size ** 0.5, rel=1e-5)
+    assert start["gwc_factor"] == pytest.approx(1 / start["gain_abs_mean"], rel=1e-4)
+    assert end["vision_text_ratio"] == pytest.approx(end["projector_output_norm"] / end["text_embedding_norm"])
+    assert end["gain_grad_abs_mean"] > 0
+    # the saved folder loads with from_pretrained and holds the trained weights
+    with open(os.path.join(result.output_dir, SUMMARY_FILE)) as handle:
+        summary = json.load(handle)
+    assert summary["stage"] == 1 and summary["freeze"]["trainable_params"]["llm"] == 0
+    assert summary["data"]["prepare"]["text_only_dropped"] == 1  # stage 1 cannot learn from text-only rows
+    assert summary["norm"]["gain_statistics"]["gain_l2"] == pytest.approx(end["gain_l2"])
+    reloaded = AutoModelForImageTextToText.from_pretrained(result.output_dir)
+    for name, param in reloaded.named_parameters():
+        assert torch.equal(param, dict(result.model.named_parameters())[name]), name
+
+
+def test_stage1_builds_no_graph_through_the_frozen_vision_tower(tiny_model, tiny_processor, dataset):
+    freeze_stage1(tiny_model)
+    tiny_model.train()
+    seen = {}
+    hooks = [
+        tiny_model.model.vision_tower.register_forward_hook(
+            lambda m, i, o: seen.__setitem__("vision", o.last_hidden_state.requires_grad)),
+        tiny_model.model.multi_modal_projector.register_forward_hook(
+            lambda m, i, o: seen.__setitem__("projector", o.requires_grad)),
+    ]
+    batch = _batch(tiny_processor, dataset)
+    tiny_model(**batch).loss.backward()
+    for hook in hooks:
+        hook.remove()
+    assert seen == {"vision": False, "projector": True}
+    grads = {name for name, param in tiny_model.named_parameters() if param.grad is not None}
+    assert grads == PROJECTOR_PARAMS  # no weight gradient is computed for a frozen parameter
+
+
+def test_stage2_trains_every_part_at_its_own_learning_rate(tiny_model, tiny_processor, dataset, tmp_path):
+    before = snapshot(tiny_model)
+    args = cpu_config(tmp_path / "stage2", learning_rate=1e-3)
+    result = train_stage(tiny_model, tiny_processor, dataset, stage=2, args=args,
+                         lr_llm=1e-3, lr_vision=2e-4, lr_projector=5e-4)
+    never_used = set(unused_vision_parameters(tiny_model))
+    assert never_used  # the last vision layer (feature layer -2), the post layernorm and SigLIP's head
+    assert changed(before, result.model) == set(before) - never_used
+
+    groups = result.trainer.optimizer.param_groups
+    lrs = {g["name"]: g["initial_lr"] for g in groups}
+    assert lrs == {"llm": 1e-3, "llm/no_decay": 1e-3, "projector": 5e-4, "projector/no_decay": 5e-4,
+                   "vision_tower": 2e-4, "vision_tower/no_decay": 2e-4}
+    by_id = {id(p): name for name, p in result.model.named_parameters()}
+    for group in groups:
+        part = group["name"].split("/")[0]
+        names = [by_id[id(p)] for p in group["params"]]
+        marker = {"llm": ("language_model", "lm_head"), "projector": ("multi_modal_projector",),
+                  "vision_tower": ("vision_tower",)}[part]
+        assert all(any(m in n for m in marker) for n in names), (part, names)
+    logged = [e for e in result.trainer.state.log_history if "learning_rate/vision_tower" in e]
+    assert logged and all(e["learning_rate/vision_tower"] == pytest.approx(0.2 * e["learning_rate/llm"])
+                          for e in logged)
+    # trained embeddings change T: it is recomputed at each log
+    assert result.norm_tracking[-1]["text_embedding_norm"] == pytest.approx(text_embedding_norm(result.model))
+
+
+def test_stock_llava_trains_through_the_same_path(tiny_model, tiny_processor, dataset, tmp_path):
+    stock = stock_llava_like(tiny_model)
+    before = snapshot(stock)
+    result = train_stage(stock, tiny_processor, dataset, stage=1, args=cpu_config(tmp_path / "stock"))
+    assert changed(before, stock) == PROJECTOR_PARAMS - {"model.multi_modal_projector.norm.weight",
+                                                         "model.multi_modal_projector.norm.bias"}
+    for record in result.norm_tracking:
+        assert "vision_text_ratio" in record and not set(GAIN_FIELDS) & set(record)  # GWC fields absent
+    assert result.summary["variant"] == {"projector_norm": None, "stock_llava": True}
+
+
+def test_vision_text_norm_ratio_matches_a_direct_computation(tiny_model, tiny_processor, dataset):
+    from modeling_llava_normaligned import text_embedding_norm_target
+
+    batch = _batch(tiny_processor, dataset)
+    measured = vision_text_norm_ratio(tiny_model, batch)
+    with torch.no_grad():
+        hidden = tiny_model.model.vision_tower(batch["pixel_values"], output_hidden_states=True).hidden_states[-2]
+        tokens = tiny_model.model.multi_modal_projector(hidden)  # (N, 16, D)
+    expected_image = tokens.norm(dim=-1).mean().item()
+    expected_text = text_embedding_norm_target(tiny_model.get_input_embeddings().weight)
+    assert measured["projector_output_norm"] == pytest.approx(expected_image, rel=1e-5)
+    assert measured["text_embedding_norm"] == pytest.approx(expected_text, rel=1e-5)
+    assert measured["vision_text_ratio"] == pytest.approx(expected_image / expected_text, rel=1e-5)
+
+
+def test_skipping_unused_vision_compute_changes_no_loss_or_gradient(tiny_model, tiny_processor, dataset):
+    from llava_normaligned.trainer.stages import freeze_stage2
+    from llava_normaligned.trainer.unused_compute import skip_unused_vision_compute, unused_vision_modules
+
+    freeze_stage2(tiny_model)
+    tiny_model.train()
+    batch = _batch(tiny_processor, dataset, n=3)
+
+    def loss_and_grads():
+        tiny_model.zero_grad(set_to_none=True)
+        loss = tiny_model(**batch).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in tiny_model.named_parameters() if p.grad is not None}
+
+    layers, heads = unused_vision_modules(tiny_model)
+    assert len(layers) == 1 and len(heads) == 1  # feature layer -2 of 2: the last layer; SigLIP's head
+    calls = []
+    hook = layers[0].mlp.register_forward_hook(lambda *args: calls.append(1))
+    full_loss, full_grads = loss_and_grads()
+    with skip_unused_vision_compute(tiny_model):
+        skipped_loss, skipped_grads = loss_and_grads()
+    hook.remove()
+    assert len(calls) == 1  # the last layer ran only outside the context
+    assert torch.equal(full_loss, skipped_loss) and full_grads.keys() == skipped_grads.keys()
+    for name, grad in full_grads.items():
+        assert torch.equal(grad, skipped_grads[name]), name
+    assert "forward" not in vars(layers[0]) and "forward" not in vars(heads[0])  # restored

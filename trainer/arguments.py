@@ -1,0 +1,236 @@
+"""Arguments of ``llava-normaligned train``: this package's stage options, TRL's ``SFTConfig`` and ``ModelConfig``.
+
+One parser (TRL's ``TrlParser``, itself transformers' ``HfArgumentParser``) reads them all, so every ``SFTConfig``
+flag works (``--per_device_train_batch_size 4`` or ``--per-device-train-batch-size 4``), YAML recipes set defaults
+(``--config recipe.yaml``; several ``--config`` files merge in order, later ones win) and command-line flags override
+the YAML. A ``--config`` value may also name a recipe shipped in ``trainer/recipes/`` (``--config
+llama3.2-3b_siglip-so400m_stage1``). Two adjustments are made before the configs are built, each logged:
+
+* no GPU: ``use_cpu=True`` and bf16/fp16 off (TRL's default ``bf16=True`` refuses to start on a CPU-only machine), so
+  ``train`` runs on a laptop with no extra flags and on GPUs with the recipe's precision;
+* ``global_batch_size``: ``gradient_accumulation_steps = global / (per_device_train_batch_size * world size)``, so
+  one recipe gives the paper's global batch (256, then 128; Appendix E.1) on any number of GPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+
+from trl import ModelConfig, SFTConfig, TrlParser
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StageArguments:
+    """What to train, on which data, with which learning rates (the rest is SFTConfig / ModelConfig)."""
+
+    stage: int = field(metadata={"help": "1: feature alignment (projector + norm); 2: instruction tuning (all)",
+                                 "choices": [1, 2]})
+    model: str | None = field(default=None, metadata={
+        "help": "Hub id or folder of a LLaVA checkpoint (norm-aligned or stock), e.g. the output of "
+                "`llava-normaligned compose` or of stage 1"})
+    vision_model: str | None = field(default=None, metadata={
+        "help": "stage 1 without --model: compose from this vision encoder (and --text-model) first"})
+    text_model: str | None = field(default=None, metadata={"help": "the causal LM to compose with --vision-model"})
+    # data
+    data_path: str | None = field(default=None, metadata={
+        "help": "LLaVA JSON file(s), comma-separated (LLaVA-558K, llava_v1_5_mix665k, ...)"})
+    image_folder: str | None = field(default=None, metadata={"help": "folder the rows' image paths are relative to"})
+    dataset_name: str | None = field(default=None, metadata={
+        "help": "instead of --data-path: a saved dataset folder, parquet/JSON files or a Hub dataset in TRL's "
+                "messages + images format"})
+    dataset_split: str = field(default="train", metadata={"help": "split of --dataset-name"})
+    on_bad_image: str = field(default="error", metadata={
+        "help": "a missing/unreadable image: 'error' (names the row) or 'skip' (drop it, counted)",
+        "choices": ["error", "skip"]})
+    on_bad_row: str = field(default="error", metadata={
+        "help": "a malformed row: 'error' or 'skip'", "choices": ["error", "skip"]})
+    check_images: str = field(default="open", metadata={
+        "help": "check images up front: 'open' (read headers), 'exists', or 'none'",
+        "choices": ["open", "exists", "none"]})
+    on_too_long: str = field(default="drop", metadata={
+        "help": "a row longer than max_length (images included): 'drop' (counted) or 'error'; never truncated",
+        "choices": ["drop", "error"]})
+    # learning rates (paper Appendix E.1: stage 2 LLM 1e-5, vision 2e-6)
+    lr_projector: float | None = field(default=None, metadata={
+        "help": "projector + norm learning rate (default: the LLM's)"})
+    lr_llm: float | None = field(default=None, metadata={"help": "LLM learning rate (default: --learning_rate)"})
+    lr_vision: float | None = field(default=None, metadata={
+        "help": "vision tower learning rate, stage 2 (default: --learning_rate)"})
+    train_vision: bool = field(default=True, metadata={"help": "stage 2: train the vision tower (paper: yes)"})
+    global_batch_size: int | None = field(default=None, metadata={
+        "help": "sets gradient_accumulation_steps = global / (per-device batch x processes)"})
+    # the paper's ablation (Tables 4/5): applied to the model before stage 1
+    projector_norm: str | None = field(default=None, metadata={
+        "help": "stage 1 variant: 'layernorm' or 'none' (w/o Norm); default: as the model is",
+        "choices": ["layernorm", "none"]})
+    norm_init: str | None = field(default=None, metadata={
+        "help": "stage 1 variant: 'target' (gain T/sqrt(D)) or 'default' (gain 1)", "choices": ["target", "default"]})
+    gradient_compensation: bool | None = field(default=None, metadata={
+        "help": "stage 1 variant: Global Weight Compensation on/off"})
+    merge_adapter: bool = field(default=False, metadata={
+        "help": "with --use_peft: also save the base model with the adapter merged in, to OUTPUT_DIR/merged"})
+
+    def __post_init__(self):
+        if self.stage not in (1, 2):
+            raise ValueError(f"--stage must be 1 or 2, got {self.stage!r}")
+        if self.model is None and not (self.vision_model and self.text_model):
+            raise ValueError("give --model (a LLaVA checkpoint), or --vision-model and --text-model for stage 1")
+        if self.model is None and self.stage == 2:
+            raise ValueError("stage 2 starts from a checkpoint: give --model (stage 1's output folder)")
+        if (self.data_path is None) == (self.dataset_name is None):
+            raise ValueError("give exactly one of --data-path (LLaVA JSON) and --dataset-name (messages + images)")
+        if self.global_batch_size is not None and self.global_batch_size < 1:
+            raise ValueError(f"--global-batch-size must be positive, got {self.global_batch_size}")
+
+    def variant(self) -> dict:
+        """The ablation fields given (``projector_norm`` as the model config spells it: ``None`` for 'none')."""
+        out = {}
+        if self.projector_norm is not None:
+            out["projector_norm"] = None if self.projector_norm == "none" else self.projector_norm
+        if self.norm_init is not None:
+            out["norm_init"] = self.norm_init
+        if self.gradient_compensation is not None:
+            out["gradient_compensation"] = self.gradient_compensation
+        return out
+
+
+DATACLASSES = (StageArguments, SFTConfig, ModelConfig)
+
+
+def make_parser() -> TrlParser:
+    return TrlParser(
+        DATACLASSES,
+        prog="llava-normaligned train",
+        description="Train LLaVA-1.5 stage 1 or 2 of a norm-aligned (or stock) LLaVA with TRL's SFTTrainer. Every "
+        "SFTConfig and ModelConfig flag is accepted; --config RECIPE.yaml (repeatable) sets defaults.",
+    )
+
+
+def has_accelerator() -> bool:
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    for name in ("xpu", "npu", "mps"):
+        backend = getattr(torch, name, None) or getattr(torch.backends, name, None)
+        if backend is not None and getattr(backend, "is_available", lambda: False)():
+            return True
+    return False
+
+
+RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes")
+
+
+def recipe_names() -> list[str]:
+    """The recipes shipped with the package (``trainer/recipes/*.yaml``), without the extension."""
+    return sorted(name[:-5] for name in os.listdir(RECIPES_DIR) if name.endswith(".yaml"))
+
+
+def resolve_config(path: str) -> str:
+    """A ``--config`` value -> a file: a path, or the name of a shipped recipe (with or without ``.yaml``)."""
+    if os.path.isfile(path):
+        return path
+    shipped = os.path.join(RECIPES_DIR, path if path.endswith(".yaml") else path + ".yaml")
+    if os.path.isfile(shipped):
+        return shipped
+    raise FileNotFoundError(f"--config: no such file or shipped recipe: {path} (recipes: {', '.join(recipe_names())})")
+
+
+def _read_configs(paths: list[str]) -> dict:
+    import yaml
+
+    merged = {}
+    for path in map(resolve_config, paths):
+        with open(path, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle) or {}
+        if not isinstance(config, dict):
+            raise ValueError(f"--config {path}: expected a YAML mapping of argument names to values")  # noqa: TRY004
+        for key, value in (config.pop("env", None) or {}).items():
+            os.environ[key] = str(value)
+        merged.update(config)
+    return merged
+
+
+def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
+    rest, configs, i = [], [], 0
+    while i < len(argv):
+        if argv[i] == "--config":
+            if i + 1 >= len(argv):
+                raise ValueError("--config needs a file")
+            configs.append(argv[i + 1])
+            i += 2
+        elif argv[i].startswith("--config="):
+            configs.append(argv[i].split("=", 1)[1])
+            i += 1
+        else:
+            rest.append(argv[i])
+            i += 1
+    return rest, configs
+
+
+def _adjust_for_hardware(namespace) -> None:
+    if has_accelerator():
+        return
+    if namespace.bf16 is not False or namespace.fp16 or not namespace.use_cpu:
+        logger.info("no GPU found: training on the CPU in float32 (use_cpu=True, bf16/fp16 off)")
+    namespace.use_cpu, namespace.bf16, namespace.fp16 = True, False, False
+
+
+def accumulation_steps(global_batch_size: int, per_device: int, world_size: int) -> int:
+    """gradient_accumulation_steps giving ``global_batch_size`` = per-device batch x processes x steps."""
+    per_step = per_device * world_size
+    if global_batch_size % per_step:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not a multiple of per_device_train_batch_size ({per_device}) "
+            f"x processes ({world_size})"
+        )
+    return global_batch_size // per_step
+
+
+def _apply_global_batch(namespace) -> None:
+    if namespace.global_batch_size is None:
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
+    namespace.gradient_accumulation_steps = accumulation_steps(
+        namespace.global_batch_size, namespace.per_device_train_batch_size, world)
+    logger.info("global batch %d = %d per device x %d processes x %d accumulation steps",
+                namespace.global_batch_size, namespace.per_device_train_batch_size, world,
+                namespace.gradient_accumulation_steps)
+
+
+def parse_train_args(argv: list[str] | None = None):
+    """argv -> ``(StageArguments, SFTConfig, ModelConfig, config_files)``."""
+    import sys
+
+    argv, config_files = _pop_configs(list(sys.argv[1:] if argv is None else argv))
+    parser = make_parser()
+    if config_files:
+        unused = parser.set_defaults_with_config(**_read_configs(config_files))
+        if unused:
+            raise ValueError(f"--config: unknown arguments {unused} (not a train, SFTConfig or ModelConfig field)")
+    namespace, remaining = parser.parse_known_args(argv)
+    if remaining:
+        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
+    if namespace.output_dir in (None, "", "trainer_output"):
+        parser.error("--output-dir is required")
+    if namespace.model and namespace.model_name_or_path and namespace.model != namespace.model_name_or_path:
+        parser.error("--model and --model_name_or_path disagree: give one")
+    namespace.model = namespace.model or namespace.model_name_or_path
+    namespace.model_name_or_path = namespace.model
+    _adjust_for_hardware(namespace)
+    _apply_global_batch(namespace)
+    values = vars(namespace)
+    built = []
+    for dataclass_type in DATACLASSES:
+        names = {f.name for f in dataclasses.fields(dataclass_type) if f.init}
+        built.append(dataclass_type(**{k: v for k, v in values.items() if k in names}))
+    stage_args, sft_args, model_args = built
+    return stage_args, sft_args, model_args, config_files
+
+
+__all__ = ["StageArguments", "accumulation_steps", "has_accelerator", "make_parser", "parse_train_args", "recipe_names", "resolve_config"]

@@ -1,0 +1,310 @@
+"""Norm tracking during training: how far the image tokens' norm is from the text tokens' at the LLM input.
+
+Logged through the Trainer's own ``logs`` (so TensorBoard, W&B, trackio and ``trainer_state.json`` get them with no
+extra setup), every logging step:
+
+    norm/projector_output_norm   mean L2 norm of the projected image tokens (the LLM's image inputs), averaged over
+                                 the logging window: the blog's projector-norm-over-training curve
+    norm/text_embedding_norm     T, mean L2 norm of the non-zero text-embedding rows (paper §5.1)
+    norm/vision_text_ratio       the two above divided: 1 is the paper's alignment (Fig. 4 (a) at the input)
+    norm/gain_abs_mean           mean |g| of the projector norm's gain            (paper Table 5)
+    norm/gain_l2                 ||g||_2                                          (paper Table 5)
+    norm/bias_abs_mean           mean |b|                                         (paper Table 5)
+    norm/gain_grad_abs_mean      mean |dL/dg| at the optimizer step
+    norm/gwc_factor              1 / clamp(mean |g|, delta), the GWC factor       (paper §5.1; only with GWC on)
+
+On a stock LLaVA (or the "w/o Norm" variant) only the first three are logged: the gain and GWC fields are absent.
+
+The projector's output is read by a forward hook that keeps a running sum on the device (no extra forward pass,
+no host sync until a log); the gain's gradient is read once per logging step, before the optimizer step. At the
+end (and at every checkpoint) the records are rebuilt from ``state.log_history`` and written as
+``norm_tracking.json`` (a JSON list of records ``{"step", "epoch", <metric>: value}``; record step 0 holds the
+values before any update). A resumed run therefore keeps the history of the interrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import torch
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "norm/"
+NORM_TRACKING_FILE = "norm_tracking.json"
+_ROW_CHUNK = 16384  # embedding rows per chunk when computing T (no (V, D) float32 copy of a large vocabulary)
+
+
+def _llava_base(model):
+    """The LlavaModel inside a ForConditionalGeneration, a PEFT wrapper or a DDP/FSDP-wrapped model."""
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    return getattr(inner, "model", inner)
+
+
+def projector_of(model):
+    projector = getattr(_llava_base(model), "multi_modal_projector", None)
+    if projector is None:
+        raise ValueError(f"{type(model).__name__} has no multi_modal_projector: not a LLaVA model")
+    # PEFT modules_to_save wraps the projector; the trained copy is the active one
+    wrapped = getattr(projector, "modules_to_save", None)
+    if wrapped is not None and len(wrapped):
+        projector = wrapped[getattr(projector, "active_adapter", None) or next(iter(wrapped.keys()))]
+    return projector
+
+
+def projector_norm_of(model):
+    """The projector's ``NormAlignedLayerNorm`` (``None`` for stock LLaVA and the "w/o Norm" variant)."""
+    return getattr(projector_of(model), "norm", None)
+
+
+@torch.no_grad()
+def text_embedding_norm(model, eps: float = 1e-6) -> float:
+    """T: the mean L2 norm of the input-embedding rows whose norm exceeds ``eps`` (paper §5.1), computed in chunks.
+
+    Falls back to the config's ``norm_target`` (T when the model was composed) when the embeddings are sharded
+    (ZeRO-3, FSDP) or not materialised.
+    """
+    base = _llava_base(model)
+    weight = base.get_input_embeddings().weight
+    sharded = hasattr(weight, "full_tensor") or weight.numel() == 0
+    if sharded or weight.ndim != 2 or weight.device.type == "meta":
+        target = getattr(base.config, "norm_target", None)
+        if target is None:
+            raise ValueError("the text embeddings are not materialised here and the config has no norm_target")
+        return float(target)
+    total, count = torch.zeros((), dtype=torch.float64, device=weight.device), 0
+    for start in range(0, weight.shape[0], _ROW_CHUNK):
+        norms = weight[start : start + _ROW_CHUNK].float().norm(dim=-1)  # (chunk,)
+        kept = norms[norms > eps]
+        total += kept.double().sum()
+        count += kept.numel()
+    if count == 0:
+        raise ValueError(f"every text-embedding row has norm <= {eps}: T is undefined")
+    return float(total / count)
+
+
+@torch.no_grad()
+def projected_image_norm(model, pixel_values: torch.Tensor) -> float:
+    """Mean L2 norm of the projected image tokens (the LLM's image inputs) for ``pixel_values`` (N, 3, H, W).
+
+    Runs the vision tower and the projector only, without gradients and in eval mode (restored after).
+    """
+    base = _llava_base(model)
+    config = base.config
+    was_training = base.training
+    base.eval()
+    try:
+        param = next(base.vision_tower.parameters())
+        features = base.get_image_features(
+            pixel_values=pixel_values.to(device=param.device, dtype=param.dtype),
+            vision_feature_layer=config.vision_feature_layer,
+            vision_feature_select_strategy=config.vision_feature_select_strategy,
+        )
+        features = getattr(features, "pooler_output", features)  # transformers 5: list of (N_i, D) per image
+        tokens = torch.cat([f.reshape(-1, f.shape[-1]) for f in features], dim=0)  # (sum N_i, D)
+        return float(tokens.float().norm(dim=-1).mean())
+    finally:
+        base.train(was_training)
+
+
+def vision_text_norm_ratio(model, batch) -> dict:
+    """The vision/text norm ratio at the LLM input, for the images of ``batch``.
+
+    Args:
+        model: a LLaVA (norm-aligned or stock; plain, PEFT-wrapped or DDP-wrapped).
+        batch: a collated batch (a dict with ``pixel_values``) or a ``pixel_values`` tensor (N, 3, H, W).
+
+    Returns ``{"projector_output_norm", "text_embedding_norm", "vision_text_ratio"}``: the mean L2 norm of the
+    projected image tokens, T (paper §5.1), and their ratio (1 = aligned; the paper's problem is >> 1).
+    """
+    pixel_values = batch["pixel_values"] if isinstance(batch, dict) else batch
+    if pixel_values is None:
+        raise ValueError("vision_text_norm_ratio needs a batch with images (pixel_values)")
+    image_norm = projected_image_norm(model, pixel_values)
+    text_norm = text_embedding_norm(model)
+    return {"projector_output_norm": image_norm, "text_embedding_norm": text_norm,
+            "vision_text_ratio": image_norm / text_norm}
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2) gathered whole; a plain tensor as is. Collective: called on every rank alike."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+@torch.no_grad()
+def gain_statistics(model) -> dict:
+    """The paper's Table 5 statistics of the projector norm (empty for a model without the norm, and under ZeRO-3,
+    where the parameters are partitioned away)."""
+    norm = projector_norm_of(model)
+    if norm is None or getattr(norm, "weight", None) is None or norm.weight.numel() == 0:
+        return {}
+    gain, bias = _whole(norm.weight.detach()).float(), _whole(norm.bias.detach()).float()
+    stats = {
+        "gain_l2": float(gain.norm()),
+        "gain_abs_mean": float(gain.abs().mean()),
+        "gain_abs_std": float(gain.abs().std()) if gain.numel() > 1 else 0.0,
+        "bias_abs_mean": float(bias.abs().mean()),
+        "bias_abs_std": float(bias.abs().std()) if bias.numel() > 1 else 0.0,
+    }
+    if getattr(norm, "compensation", False):
+        # paper §5.1: 1 / clamp(mean|g|, delta), as NormAlignedLayerNorm.compensation_factor computes it
+        stats["gwc_factor"] = 1.0 / max(stats["gain_abs_mean"], float(norm.compensation_min))
+    return stats
+
+
+class NormTrackingCallback(TrainerCallback):
+    """Logs the norm statistics above through the Trainer's loggers and writes ``norm_tracking.json``.
+
+    Add it with ``NormTrackingCallback.install(trainer)`` (``train_stage`` does): it must run before the reporting
+    callbacks (TensorBoard, W&B, ...) so that its values are in the ``logs`` they receive; ``install`` puts it first.
+    ``output_dir``: where the final ``norm_tracking.json`` goes (default: the run's ``output_dir``).
+    """
+
+    def __init__(self, output_dir: str | None = None):
+        self.output_dir = output_dir
+        self._sum = None  # running sum of per-batch mean token norms (0-d tensor, on the model's device)
+        self._batches = 0
+        self._grad_abs_mean = None
+        self._hook = None
+        self._model = None
+        self._text_norm_cache = None
+        self._initial = None
+
+    @classmethod
+    def install(cls, trainer, output_dir: str | None = None) -> NormTrackingCallback:
+        callback = cls(output_dir)
+        trainer.callback_handler.callbacks.insert(0, callback)
+        return callback
+
+    # ---------------------------------------------------------------------------------------- measurements
+    def _on_projector_output(self, module, inputs, output):
+        if not module.training:
+            return
+        tokens = output.detach()
+        mean_norm = tokens.float().norm(dim=-1).mean()  # over (B, N) image tokens
+        self._sum = mean_norm if self._sum is None else self._sum + mean_norm
+        self._batches += 1
+
+    def _text_norm(self, model) -> float:
+        # Frozen embeddings (stage 1, LoRA) keep T: compute it once. Trained ones change it: recompute per log.
+        trained = _llava_base(model).get_input_embeddings().weight.requires_grad
+        if self._text_norm_cache is None or trained:
+            self._text_norm_cache = text_embedding_norm(model)
+        return self._text_norm_cache
+
+    def _window_values(self) -> dict:
+        values = {}
+        if self._batches:
+            values["projector_output_norm"] = float(self._sum) / self._batches
+            values["text_embedding_norm"] = self._text_norm(self._model)
+            values["vision_text_ratio"] = values["projector_output_norm"] / values["text_embedding_norm"]
+        self._sum, self._batches = None, 0
+        stats = gain_statistics(self._model)
+        for key in ("gain_abs_mean", "gain_l2", "bias_abs_mean", "gwc_factor"):
+            if key in stats:
+                values[key] = stats[key]
+        if self._grad_abs_mean is not None:
+            values["gain_grad_abs_mean"] = self._grad_abs_mean
+            self._grad_abs_mean = None
+        return values
+
+    # -------------------------------------------------------------------------------------------- events
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._model = model
+        self._hook = projector_of(model).register_forward_hook(self._on_projector_output)
+        if state.global_step == 0:
+            self._initial = {k: v for k, v in gain_statistics(model).items()
+                             if k in ("gain_abs_mean", "gain_l2", "bias_abs_mean", "gwc_factor")}
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if not self._will_log(args, state):
+            return
+        norm = projector_norm_of(self._model)
+        grad = None if norm is None else norm.weight.grad
+        if grad is not None and grad.numel():
+            self._grad_abs_mean = float(_whole(grad.detach()).float().abs().mean())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1 and self._initial is not None:
+            # The first step's forward ran before any update: its projector norm is the starting value.
+            record = {"step": 0, "epoch": 0.0}
+            if self._batches:
+                record[PREFIX + "projector_output_norm"] = float(self._sum) / self._batches
+                record[PREFIX + "text_embedding_norm"] = self._text_norm(self._model)
+                record[PREFIX + "vision_text_ratio"] = (record[PREFIX + "projector_output_norm"]
+                                                        / record[PREFIX + "text_embedding_norm"])
+            record.update({PREFIX + k: v for k, v in self._initial.items()})
+            state.log_history.insert(0, record)
+            self._initial = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs or self._model is None:
+            return  # evaluation and end-of-training summaries carry no norm window
+        values = {PREFIX + k: v for k, v in self._window_values().items()}
+        logs.update(values)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(values)  # the Trainer copied `logs` into the history before this call
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if os.path.isdir(folder):
+                write_norm_tracking(norm_records(state.log_history), folder)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if state.is_world_process_zero:
+            write_norm_tracking(norm_records(state.log_history), self.output_dir or args.output_dir)
+
+    @staticmethod
+    def _will_log(args, state) -> bool:
+        step = state.global_step + 1  # the step about to finish
+        if args.logging_strategy != "steps":
+            return True
+        every = state.logging_steps or 1
+        return step % math.ceil(every) == 0 or (step == 1 and args.logging_first_step)
+
+
+def norm_records(log_history: list[dict]) -> list[dict]:
+    """The norm-tracking records of a Trainer's ``log_history``: ``{"step", "epoch", <metric>: value, ...}``."""
+    records = []
+    for entry in log_history:
+        values = {k[len(PREFIX):]: v for k, v in entry.items() if k.startswith(PREFIX)}
+        if values:
+            record = {"step": entry.get("step"), "epoch": entry.get("epoch")}
+            if "loss" in entry:
+                record["loss"] = entry["loss"]
+            record.update(values)
+            records.append(record)
+    return records
+
+
+def write_norm_tracking(records: list[dict], folder: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, NORM_TRACKING_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(records, handle, indent=1)
+    os.replace(tmp, path)  # never a half-written file
+    return path
+
+
+__all__ = [
+    "NORM_TRACKING_FILE",
+    "NormTrackingCallback",
+    "gain_statistics",
+    "norm_records",
+    "projected_image_norm",
+    "projector_norm_of",
+    "text_embedding_norm",
+    "vision_text_norm_ratio",
+    "write_norm_tracking",
+]

@@ -1,0 +1,165 @@
+"""Batches for training: decode images, tokenize the rendered conversations, and label the assistant answers only.
+
+Rows come from ``preprocess.prepare_dataset`` (``id``, ``images``, ``rendered``, ``spans``). For a batch:
+
+    images  --image processor-->  pixel_values (n_images, 3, H, W)
+    rendered --processor (image tags expanded, offsets kept)--> input_ids, attention_mask (B, L)
+    spans (characters of the answers) --shifted past expanded image tags, matched to token offsets--> labels (B, L)
+
+A label is the token id where a token overlaps an assistant answer, -100 elsewhere: prompts, system text, padding
+and every image token are never trained on. Nothing is truncated here (``prepare_dataset`` already dropped long
+rows); a row that is too long anyway is an error naming it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from .preprocess import adds_special_tokens
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+SKIPPED_KEY = "skipped_rows"  # a count, added to the batch only when the trainer knows to pop it
+
+
+class ImageDecodeError(ValueError):
+    """An image that could not be decoded, named by its row."""
+
+
+def _decode(image, row_id: str):
+    """A dataset image (PIL, ``{"bytes", "path"}`` or a path) -> an RGB PIL image."""
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    path = image.get("path") if isinstance(image, dict) else image
+    data = image.get("bytes") if isinstance(image, dict) else None
+    try:
+        with Image.open(io.BytesIO(data) if data is not None else path) as opened:
+            return opened.convert("RGB")
+    except Exception as err:  # PIL raises OSError, ValueError, SyntaxError, ... on broken files
+        raise ImageDecodeError(
+            f"row id {row_id!r}: image {path or '<bytes>'} could not be decoded ({type(err).__name__}: {err})"
+        ) from err
+
+
+def _shift_spans(spans, replacements) -> list[tuple[int, int]]:
+    """Character spans of the text before image-tag expansion -> spans of the expanded text."""
+    ends = [r["span"][1] for r in replacements]
+    gained = [0] + [r["new_span"][1] - r["span"][1] for r in replacements]  # cumulative growth after each tag
+    return [tuple(c + gained[bisect.bisect_right(ends, c)] for c in (start, end)) for start, end in spans]
+
+
+@dataclass
+class LlavaTrainingCollator:
+    """Collates prepared rows into ``input_ids``, ``attention_mask``, ``pixel_values`` and answer-only ``labels``.
+
+    Args:
+        processor: the model's processor.
+        max_length: the length no row may exceed (checked, never truncated); ``None`` for no check.
+        on_bad_image: ``"error"``: an image that fails to decode raises ``ImageDecodeError`` naming the row;
+            ``"skip"``: the row stays in the batch with a blank image and no labels (it trains nothing, and the batch
+            keeps its shape on every rank), is logged and counted.
+        pad_to_multiple_of: pad the sequence length to a multiple of this.
+        report_skips: add ``skipped_rows`` (a count) to each batch, for a trainer that pops it (``train.py``'s).
+    """
+
+    processor: object
+    max_length: int | None = None
+    on_bad_image: str = "error"
+    pad_to_multiple_of: int | None = None
+    report_skips: bool = False
+    skipped: int = field(default=0, init=False)
+
+    def __post_init__(self):
+        if self.on_bad_image not in ("error", "skip"):
+            raise ValueError(f"on_bad_image must be 'error' or 'skip', got {self.on_bad_image!r}")
+        self.image_token_id = self.processor.image_token_id
+
+    def _images(self, rows) -> tuple[list, list[bool]]:
+        from PIL import Image
+
+        flat, usable = [], []
+        for row in rows:
+            decoded, ok = [], True
+            for image in row["images"] or []:
+                try:
+                    decoded.append(_decode(image, row["id"]))
+                except ImageDecodeError as err:
+                    if self.on_bad_image == "error":
+                        raise
+                    logger.warning("%s; training on the rest of the batch without this row", err)
+                    decoded.append(Image.new("RGB", (64, 64), (255, 255, 255)))
+                    ok = False
+            flat += decoded
+            usable.append(ok)
+        return flat, usable
+
+    def _labels(self, batch, rows, usable) -> torch.Tensor:
+        input_ids, offsets = batch["input_ids"], batch["offset_mapping"]  # (B, L), (B, L, 2)
+        replacements = batch.get("text_replacement_offsets")
+        if replacements is None and not any(row["images"] for row in rows):
+            replacements = [[] for _ in rows]  # nothing was expanded
+        if replacements is None:
+            raise ValueError(
+                f"{type(self.processor).__name__} does not report where it expanded image tags "
+                "(return_text_replacement_offsets); the answers cannot be located"
+            )
+        labels = torch.full_like(input_ids, IGNORE_INDEX)
+        starts, ends = offsets[..., 0], offsets[..., 1]
+        for b, row in enumerate(rows):
+            if not usable[b]:
+                continue
+            in_answer = torch.zeros_like(input_ids[b], dtype=torch.bool)
+            for start, end in _shift_spans(row["spans"], replacements[b]):
+                in_answer |= (starts[b] < end) & (ends[b] > start)  # the token overlaps the answer
+            labels[b] = torch.where(in_answer, input_ids[b], IGNORE_INDEX)
+        labels[input_ids == self.image_token_id] = IGNORE_INDEX
+        labels[batch["attention_mask"] == 0] = IGNORE_INDEX
+        return labels
+
+    def _check_lengths(self, batch, rows) -> None:
+        if self.max_length is None:
+            return
+        lengths = batch["attention_mask"].sum(dim=1)
+        for b, row in enumerate(rows):
+            if int(lengths[b]) > self.max_length:
+                raise ValueError(
+                    f"row id {row['id']!r} has {int(lengths[b])} tokens, more than max_length={self.max_length}; "
+                    "rows are never truncated (it could cut image tokens). prepare_dataset drops such rows: was the "
+                    "dataset prepared with the same processor and max_length?"
+                )
+
+    def __call__(self, rows: list[dict]) -> dict:
+        images, usable = self._images(rows)
+        texts = [row["rendered"] for row in rows]
+        batch = self.processor(
+            text=texts,
+            images=images or None,
+            padding=True,
+            padding_side="right",
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            add_special_tokens=adds_special_tokens(self.processor, texts[0]),
+            return_offsets_mapping=True,
+            return_text_replacement_offsets=True,
+            return_tensors="pt",
+        )
+        self._check_lengths(batch, rows)
+        batch["labels"] = self._labels(batch, rows, usable)
+        batch.pop("offset_mapping")
+        batch.pop("text_replacement_offsets", None)
+        skipped = usable.count(False)
+        self.skipped += skipped
+        out = dict(batch)
+        if self.report_skips:
+            out[SKIPPED_KEY] = torch.tensor(skipped)
+        return out
+
+
+__all__ = ["IGNORE_INDEX", "SKIPPED_KEY", "ImageDecodeError", "LlavaTrainingCollator"]

@@ -1,0 +1,235 @@
+"""What each LLaVA-1.5 stage trains, and at which learning rate (paper §5.2, Appendix E.1).
+
+* Stage 1 (feature alignment, LLaVA-558K): vision tower and LLM frozen; the projector and its norm train.
+* Stage 2 (instruction tuning): everything trains, with one learning rate per part: LLM 1e-5, vision tower 2e-6 in
+  the paper; the projector's defaults to the LLM's.
+
+Works on stock ``LlavaForConditionalGeneration``, on the norm-aligned model and on either wrapped by PEFT. Freezing
+is by ``requires_grad`` only: a frozen part computes no weight gradient, and in stage 1 no autograd graph is built
+through the vision tower at all (nothing in it requires grad).
+
+Vision-tower parameters that LLaVA's forward never uses (the layers after ``vision_feature_layer``, the post
+layernorm and SigLIP's pooling head) stay frozen in every stage: they would get no gradient, and DDP would wait for
+it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PARTS = ("vision_tower", "projector", "llm")
+# Optimizer group order: the Trainer logs the first group's rate as `learning_rate`, which should be the LLM's.
+GROUP_ORDER = ("llm", "projector", "vision_tower")
+# Substrings of parameter names that mark each part (PEFT prefixes names with "base_model.model.").
+PART_MARKERS = {
+    "vision_tower": ".vision_tower.",
+    "projector": ".multi_modal_projector.",
+    "llm": (".language_model.", "lm_head."),
+}
+
+
+def part_of(name: str) -> str | None:
+    """The part (``vision_tower``, ``projector``, ``llm``) a parameter name belongs to; ``None`` if none."""
+    dotted = "." + name
+    for part, markers in PART_MARKERS.items():
+        markers = (markers,) if isinstance(markers, str) else markers
+        if any(m in dotted for m in markers):
+            return part
+    return None
+
+
+def _base_llava(model):
+    """The LlavaModel inside ``model`` (ForConditionalGeneration or PEFT-wrapped)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, "model", inner)
+
+
+def unused_vision_parameters(model) -> list[str]:
+    """Names of vision-tower parameters LLaVA's forward never uses: encoder layers after the deepest feature layer,
+    the post layernorm and the pooling head (LLaVA reads ``hidden_states[vision_feature_layer]``)."""
+    base = _base_llava(model)
+    config = base.config
+    tower = base.vision_tower
+    encoder_owner = getattr(tower, "vision_model", tower)
+    layers = getattr(getattr(encoder_owner, "encoder", None), "layers", None)
+    unused_prefixes = []
+    if layers is not None:
+        n = len(layers)
+        feature_layers = config.vision_feature_layer
+        feature_layers = [feature_layers] if isinstance(feature_layers, int) else list(feature_layers)
+        # hidden_states[k] is the output of layer k - 1 (hidden_states[0]: the embeddings)
+        deepest = max(f if f >= 0 else n + 1 + f for f in feature_layers)
+        unused_prefixes += [f".encoder.layers.{i}." for i in range(deepest, n)]
+    unused_prefixes += [".post_layernorm.", ".head."]
+    names = []
+    for name, _ in model.named_parameters():
+        if part_of(name) != "vision_tower":
+            continue
+        tail = "." + name.split("vision_tower.", 1)[1]
+        if any(p in tail for p in unused_prefixes):
+            names.append(name)
+    return names
+
+
+@dataclass
+class FreezeReport:
+    """Parameter counts per part: trainable / total, and the names frozen because LLaVA never uses them."""
+
+    stage: int
+    trainable: dict
+    total: dict
+    never_used: list
+
+    def lines(self) -> list[str]:
+        out = []
+        for part in PARTS:
+            state = "trains" if self.trainable.get(part, 0) else "frozen"
+            out.append(f"{part:>12}: {state:6} ({self.trainable.get(part, 0):,} of {self.total.get(part, 0):,} params)")
+        if self.never_used:
+            out.append(f"{'':>12}  {len(self.never_used)} vision tensors never used by LLaVA stay frozen")
+        return out
+
+    def to_dict(self) -> dict:
+        return {"stage": self.stage, "trainable_params": self.trainable, "total_params": self.total,
+                "frozen_never_used": self.never_used}
+
+
+def _count(model) -> tuple[dict, dict]:
+    trainable, total = dict.fromkeys(PARTS, 0), dict.fromkeys(PARTS, 0)
+    for name, param in model.named_parameters():
+        part = part_of(name)
+        if part is None:
+            continue
+        total[part] += param.numel()
+        if param.requires_grad:
+            trainable[part] += param.numel()
+    return trainable, total
+
+
+def _freeze(model, stage: int, trains: set[str], keep_peft_choice: bool) -> FreezeReport:
+    never_used = set(unused_vision_parameters(model))
+    for name, param in model.named_parameters():
+        if keep_peft_choice:
+            # PEFT chose what trains (adapters, modules_to_save copies; the originals stay frozen): keep it.
+            param.requires_grad_(param.requires_grad and name not in never_used)
+            continue
+        wanted = part_of(name) in trains and name not in never_used
+        if not (param.is_floating_point() or param.is_complex()):
+            wanted = False  # quantized storage cannot take gradients
+        param.requires_grad_(wanted)
+    trainable, total = _count(model)
+    report = FreezeReport(stage, trainable, total, sorted(never_used))
+    logger.info("stage %d: what trains\n  %s", stage, "\n  ".join(report.lines()))
+    if keep_peft_choice and not trainable["projector"]:
+        raise ValueError(
+            "PEFT left the projector frozen: add 'multi_modal_projector' to the LoRA config's modules_to_save "
+            "(lora.py's stage2_lora_config does) so the projector and its norm train fully and are saved"
+        )
+    return report
+
+
+def _is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def freeze_stage1(model) -> FreezeReport:
+    """Stage 1 (feature alignment): the projector and its norm train; vision tower and LLM are frozen."""
+    if _is_peft(model):
+        raise ValueError("stage 1 trains the projector fully; LoRA/QLoRA (use_peft) is for stage 2")
+    return _freeze(model, 1, {"projector"}, keep_peft_choice=False)
+
+
+def freeze_stage2(model, train_vision: bool = True) -> FreezeReport:
+    """Stage 2 (instruction tuning): the LLM, the vision tower (unless ``train_vision=False``) and the projector
+    with its norm train. Under PEFT, the adapters train in the LLM/vision tower and the projector trains fully."""
+    trains = {"llm", "projector"} | ({"vision_tower"} if train_vision else set())
+    return _freeze(model, 2, trains, keep_peft_choice=_is_peft(model))
+
+
+def freeze_for_stage(model, stage: int, *, train_vision: bool = True) -> FreezeReport:
+    """Apply stage 1's or stage 2's freezing (see ``freeze_stage1`` / ``freeze_stage2``) and log what trains."""
+    if stage == 1:
+        return freeze_stage1(model)
+    if stage == 2:
+        return freeze_stage2(model, train_vision=train_vision)
+    raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+
+
+# --------------------------------------------------------------------------------------- learning-rate groups
+
+
+@dataclass
+class StageLearningRates:
+    """Learning rate per part; ``None`` falls back to the run's ``learning_rate`` (the projector's to the LLM's)."""
+
+    projector: float | None = None
+    llm: float | None = None
+    vision_tower: float | None = None
+
+    def resolved(self, base: float) -> dict[str, float]:
+        llm = base if self.llm is None else self.llm
+        return {
+            "llm": llm,
+            "vision_tower": base if self.vision_tower is None else self.vision_tower,
+            "projector": llm if self.projector is None else self.projector,
+        }
+
+
+def _is_no_decay(name: str, param: torch.nn.Parameter, decay_names: set[str] | None) -> bool:
+    if decay_names is not None:
+        return name not in decay_names
+    return param.ndim < 2  # biases and norm gains
+
+
+def parameter_groups(
+    model,
+    lrs: dict[str, float],
+    weight_decay: float,
+    decay_names: set[str] | None = None,
+) -> list[dict]:
+    """Optimizer parameter groups: one per (part, decay / no decay) that has trainable parameters.
+
+    Each group carries ``lr``, ``weight_decay`` and a ``name`` (``"projector"``, ``"llm/no_decay"``, ...), so the
+    schedule scales every part's rate alike and logs can tell them apart. ``decay_names``: the Trainer's
+    ``get_decay_parameter_names`` (biases and norm weights excluded); ``None``: decay every matrix.
+    """
+    buckets: dict[tuple[str, bool], list] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        part = part_of(name)
+        if part is None:
+            raise ValueError(f"trainable parameter {name!r} belongs to no known part (vision_tower, projector, llm)")
+        buckets.setdefault((part, _is_no_decay(name, param, decay_names)), []).append(param)
+    groups = []
+    for part in GROUP_ORDER:
+        for no_decay in (False, True):
+            params = buckets.get((part, no_decay))
+            if params:
+                groups.append({
+                    "params": params,
+                    "lr": lrs[part],
+                    "weight_decay": 0.0 if no_decay else weight_decay,
+                    "name": f"{part}/no_decay" if no_decay else part,
+                })
+    if not groups:
+        raise ValueError("no trainable parameters: check the stage's freezing")
+    return groups
+
+
+__all__ = [
+    "PARTS",
+    "FreezeReport",
+    "StageLearningRates",
+    "freeze_for_stage",
+    "freeze_stage1",
+    "freeze_stage2",
+    "parameter_groups",
+    "part_of",
+    "unused_vision_parameters",
+]

@@ -1,0 +1,402 @@
+"""Train LLaVA-1.5's stage 1 or stage 2 with TRL's ``SFTTrainer`` (paper §5.2, Appendix E.1).
+
+    llava-normaligned train --stage 1 --model ./llava-na-3b --data-path blip_laion_cc_sbu_558k.json \\
+        --image-folder ./images --output-dir ./stage1 [--config recipe.yaml] [any SFTConfig flag]
+
+Python API (what the CLI and the demo call):
+
+    result = train_stage(model, processor, dataset, stage=1, args=SFTConfig(...))
+    result.model, result.metrics, result.norm_tracking, result.output_dir
+
+``train_stage`` does, in order: the stage's freezing (``stages.py``), up-front preparation of the rows (render,
+answer spans, length checks; ``preprocess.py``), the answer-only collator (``collator.py``), the per-part learning
+rates, the norm-tracking callback (``callbacks.py``), ``trainer.train()`` (resuming if asked; vision compute that
+LLaVA never reads skipped, ``unused_compute.py``), and saves the final
+model, processor, ``training_summary.json`` and ``norm_tracking.json`` in ``args.output_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from trl import SFTConfig, SFTTrainer
+
+from .callbacks import NormTrackingCallback, gain_statistics, norm_records
+from .collator import SKIPPED_KEY, LlavaTrainingCollator
+from .loading import describe_variant
+from .preprocess import prepare_dataset
+from .stages import StageLearningRates, freeze_for_stage, parameter_groups
+from .unused_compute import skip_unused_vision_compute
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_FILE = "training_summary.json"
+
+
+@dataclass
+class TrainStageResult:
+    """What ``train_stage`` returns.
+
+    Attributes:
+        model: the trained model (a ``PeftModel`` when trained with a ``peft_config``).
+        metrics: the Trainer's training metrics (``train_loss``, ``train_runtime``, ``train_samples_per_second``, ...).
+        norm_tracking: the records written to ``norm_tracking.json``: ``[{"step", "epoch", "loss"?,
+            "projector_output_norm", "text_embedding_norm", "vision_text_ratio", "gain_abs_mean"?, "gain_l2"?,
+            "bias_abs_mean"?, "gain_grad_abs_mean"?, "gwc_factor"?}, ...]``; step 0 holds the values before any
+            update. Gain/GWC fields are absent for stock LLaVA and the "w/o Norm" variant.
+        output_dir: where the model, processor and JSON files were written.
+        summary: the content of ``training_summary.json``.
+        trainer: the ``SFTTrainer`` used (for its state and logs).
+    """
+
+    model: object
+    metrics: dict
+    norm_tracking: list
+    output_dir: str
+    summary: dict = field(default_factory=dict)
+    trainer: object = None
+
+
+class LlavaStageTrainer(SFTTrainer):
+    """TRL's ``SFTTrainer`` with one learning rate per part (vision tower, projector, LLM) and per-part LR logging.
+
+    The optimizer is the one ``args.optim`` names (AdamW by default), built on ``stages.parameter_groups``; the
+    scheduler scales every group alike, so the parts keep their ratio (paper Appendix E.1: LLM 1e-5, vision 2e-6).
+    """
+
+    def __init__(self, *args, learning_rates: StageLearningRates | None = None, **kwargs):
+        self.learning_rates = learning_rates or StageLearningRates()
+        self.skipped_rows = 0
+        super().__init__(*args, **kwargs)
+
+    def resolved_learning_rates(self) -> dict[str, float]:
+        return self.learning_rates.resolved(self.args.learning_rate)
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            opt_model = self.model if model is None else model
+            groups = parameter_groups(
+                opt_model, self.resolved_learning_rates(), self.args.weight_decay,
+                decay_names=set(self.get_decay_parameter_names(opt_model)),
+            )
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            optimizer_kwargs.pop("params", None)
+            self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+            for group in self.optimizer.param_groups:
+                logger.info("optimizer group %-20s lr %.3g  weight decay %g  (%d tensors)", group.get("name", "?"),
+                            group["lr"], group["weight_decay"], len(group["params"]))
+        return self.optimizer
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        skipped = inputs.pop(SKIPPED_KEY, None)
+        if skipped is not None:
+            self.skipped_rows += int(skipped)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        if "learning_rate" in logs and self.optimizer is not None:
+            # The schedule scales every group by one factor; `learning_rate` is the first group's rate this step.
+            groups = self.optimizer.param_groups
+            factor = logs["learning_rate"] / groups[0].get("initial_lr", groups[0]["lr"])
+            for group in groups:
+                part = str(group.get("name", "")).split("/")[0]
+                if part:
+                    logs.setdefault(f"learning_rate/{part}", group.get("initial_lr", group["lr"]) * factor)
+        super().log(logs, start_time)
+
+
+def _check_args(args: SFTConfig) -> SFTConfig:
+    """The few SFTConfig fields this pipeline owns, set with a log line when the user's value differs."""
+    if not isinstance(args, SFTConfig):
+        raise TypeError(f"args must be a trl.SFTConfig, got {type(args).__name__}")
+    owned = {
+        "remove_unused_columns": False,  # the collator needs the prepared columns (rendered text, answer spans)
+        "assistant_only_loss": False,  # answer-only labels come from the collator, for any chat template
+        "packing": False,  # TRL refuses packing and padding-free for images
+        "padding_free": False,
+    }
+    changes = {k: v for k, v in owned.items() if getattr(args, k) != v}
+    if changes:
+        logger.info("set %s (answer-only labels and image handling are done by this package's collator)", changes)
+        for key, value in changes.items():
+            setattr(args, key, value)
+    return args
+
+
+def _projector_in_vision_dtype(model) -> None:
+    """Keep the trained projector copy in the vision tower's dtype. For a quantized base TRL casts every trainable
+    parameter to bf16 (QLoRA's adapters); the projector, trained fully, takes the vision features as they come."""
+    from .stages import part_of
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    dtype = next(base.model.vision_tower.parameters()).dtype
+    for name, param in model.named_parameters():
+        if param.requires_grad and part_of(name) == "projector" and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+
+
+def _write_json(payload: dict, folder: str, name: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def _versions() -> dict:
+    import transformers
+    import trl
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
+
+
+def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, records, run_info, peft_config) -> dict:
+    args = trainer.args
+    model = trainer.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    groups = [{"name": g.get("name"), "lr": g.get("initial_lr", g["lr"]), "weight_decay": g["weight_decay"],
+               "num_params": sum(p.numel() for p in g["params"])} for g in trainer.optimizer.param_groups]
+    return {
+        "stage": stage,
+        "model_class": type(base).__name__,
+        "base_model": getattr(base.config, "_name_or_path", None),
+        "variant": describe_variant(base),
+        "learning_rates": {part: lr for part, lr in trainer.resolved_learning_rates().items()
+                           if any(str(g.get("name", "")).startswith(part) for g in trainer.optimizer.param_groups)},
+        "optimizer_groups": groups,
+        "freeze": freeze.to_dict(),
+        "data": {
+            "load": data_report.to_dict() if hasattr(data_report, "to_dict") else data_report,
+            "prepare": prepare_report.to_dict(),
+            "rows_skipped_in_training": trainer.skipped_rows,
+        },
+        "training": {
+            "per_device_train_batch_size": args.per_device_train_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "world_size": args.world_size,
+            "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
+            "num_train_epochs": args.num_train_epochs,
+            "max_steps": args.max_steps,
+            "global_steps": trainer.state.global_step,
+            "lr_scheduler_type": str(args.lr_scheduler_type),
+            "warmup": args.warmup_steps,
+            "weight_decay": args.weight_decay,
+            "seed": args.seed,
+            "bf16": args.bf16,
+            "fp16": args.fp16,
+            "max_length": args.max_length,
+            "gradient_checkpointing": args.gradient_checkpointing,
+        },
+        "metrics": metrics,
+        "norm": {
+            "start": records[0] if records else None,
+            "end": records[-1] if records else None,
+            "gain_statistics": gain_statistics(model),  # paper Table 5, after this stage
+        },
+        "peft": peft_config.to_dict() if peft_config is not None else None,
+        "run": run_info or {},
+        "versions": _versions(),
+    }
+
+
+def train_stage(
+    model,
+    processor,
+    train_dataset,
+    *,
+    stage: int,
+    args: SFTConfig,
+    lr_projector: float | None = None,
+    lr_llm: float | None = None,
+    lr_vision: float | None = None,
+    callbacks: list | None = None,
+    peft_config=None,
+    eval_dataset=None,
+    train_vision: bool = True,
+    on_too_long: str = "drop",
+    on_bad_image: str = "error",
+    chat_template: str | None = None,
+    skip_unused_vision: bool = True,
+    data_report=None,
+    run_info: dict | None = None,
+    save: bool = True,
+) -> TrainStageResult:
+    """Train one LLaVA-1.5 stage with TRL's ``SFTTrainer`` and save the result.
+
+    Args:
+        model: a ``LlavaNormAlignedForConditionalGeneration`` or a stock ``LlavaForConditionalGeneration``.
+        processor: its processor (a ``LlavaProcessor`` with a chat template).
+        train_dataset: rows ``{"id", "messages", "images"}`` (``data.load_llava_json`` / ``load_messages_dataset``).
+        stage: 1 (projector + norm train; vision tower and LLM frozen) or 2 (all train).
+        args: a ``trl.SFTConfig``. ``output_dir``, batch sizes, schedule, precision, ``max_length`` (rows longer are
+            dropped or refused, never truncated), ``resume_from_checkpoint`` are read from it.
+        lr_projector, lr_llm, lr_vision: per-part learning rates; ``None``: ``args.learning_rate`` (the projector
+            follows the LLM's). Stage 1 uses only ``lr_projector``.
+        callbacks: more ``TrainerCallback``s. The norm-tracking callback is always added.
+        eval_dataset: rows like ``train_dataset``, evaluated per ``args.eval_strategy`` (answer-only loss).
+        peft_config: a ``peft.LoraConfig`` (stage 2 only; ``lora.stage2_lora_config`` keeps the projector trained
+            fully via ``modules_to_save``).
+        train_vision: stage 2: train the vision tower (the paper does).
+        on_too_long: ``"drop"`` or ``"error"`` for rows longer than ``args.max_length``.
+        on_bad_image: ``"error"`` or ``"skip"`` for an image that fails to decode during training.
+        chat_template: use this template instead of the processor's.
+        skip_unused_vision: while training, skip the vision layers after the feature layer and SigLIP's pooling
+            head, whose outputs LLaVA never reads (``unused_compute.py``; same losses and gradients, less compute).
+        data_report: the loader's ``DataReport`` (recorded in the summary).
+        run_info: anything to record in the summary (recipe files, command line).
+        save: write the model, processor and JSON files to ``args.output_dir``.
+
+    Returns:
+        ``TrainStageResult``.
+    """
+    if stage not in (1, 2):
+        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+    if peft_config is not None and stage == 1:
+        raise ValueError("stage 1 trains the projector fully: LoRA/QLoRA (peft_config) is for stage 2")
+    args = _check_args(args)
+    learning_rates = StageLearningRates(projector=lr_projector, llm=lr_llm, vision_tower=lr_vision)
+
+    if peft_config is None:
+        freeze = freeze_for_stage(model, stage, train_vision=train_vision)
+    prepared, prepare_report = prepare_dataset(
+        train_dataset, processor, max_length=args.max_length, on_too_long=on_too_long,
+        drop_text_only=(stage == 1), chat_template=chat_template, num_proc=args.dataset_num_proc,
+    )
+    if eval_dataset is not None:
+        eval_dataset, _ = prepare_dataset(eval_dataset, processor, max_length=args.max_length,
+                                          on_too_long=on_too_long, chat_template=chat_template)
+    collator = LlavaTrainingCollator(
+        processor, max_length=args.max_length, on_bad_image=on_bad_image,
+        pad_to_multiple_of=args.pad_to_multiple_of, report_skips=True,
+    )
+    trainer = LlavaStageTrainer(
+        model=model,
+        args=args,
+        train_dataset=prepared,
+        eval_dataset=eval_dataset,
+        processing_class=processor,
+        data_collator=collator,
+        callbacks=callbacks,
+        peft_config=peft_config,
+        learning_rates=learning_rates,
+    )
+    if peft_config is not None:
+        freeze = freeze_for_stage(trainer.model, stage, train_vision=train_vision)  # keeps PEFT's choice
+        _projector_in_vision_dtype(trainer.model)
+    NormTrackingCallback.install(trainer)
+
+    with skip_unused_vision_compute(trainer.model, enabled=skip_unused_vision):
+        train_output = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    metrics = dict(train_output.metrics)
+    # rows whose image failed to decode (skip policy), counted on every rank
+    skipped = torch.tensor(trainer.skipped_rows, device=trainer.args.device)
+    trainer.skipped_rows = int(trainer.accelerator.reduce(skipped, reduction="sum"))
+    records = norm_records(trainer.state.log_history)
+    summary = _summary(trainer, stage=stage, freeze=freeze, prepare_report=prepare_report, data_report=data_report,
+                       metrics=metrics, records=records, run_info=run_info, peft_config=peft_config)
+    if save:
+        trainer.save_model(args.output_dir)  # model (or adapter) + processor; main process only
+        if trainer.is_world_process_zero():
+            _write_json(summary, args.output_dir, SUMMARY_FILE)
+    trainer.accelerator.wait_for_everyone()
+    return TrainStageResult(model=trainer.model, metrics=metrics, norm_tracking=records,
+                            output_dir=args.output_dir, summary=summary, trainer=trainer)
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+
+def make_parser():
+    """The ``train`` parser: this package's stage options + TRL's ``SFTConfig`` and ``ModelConfig``."""
+    from .arguments import make_parser as make_train_parser
+
+    return make_train_parser()
+
+
+def _load_data(stage_args):
+    from .data import load_llava_json_with_report, load_messages_dataset_with_report
+
+    common = {"on_bad_image": stage_args.on_bad_image, "on_bad_row": stage_args.on_bad_row,
+              "check_images": stage_args.check_images}
+    if stage_args.data_path:
+        return load_llava_json_with_report(stage_args.data_path, stage_args.image_folder, **common)
+    return load_messages_dataset_with_report(stage_args.dataset_name, split=stage_args.dataset_split, **common)
+
+
+def _load_model(stage_args, model_args, sft_args):
+    from .loading import apply_norm_variant, compose_for_stage1, load_checkpoint, quantization_config
+
+    variant = stage_args.variant()
+    if stage_args.model is None:
+        return compose_for_stage1(stage_args.vision_model, stage_args.text_model, variant, dtype=model_args.dtype,
+                                  trust_remote_code=sft_args.trust_remote_code)
+    bits = 4 if model_args.load_in_4bit else 8 if model_args.load_in_8bit else None
+    if bits is not None and not model_args.use_peft:
+        raise ValueError("4-bit/8-bit loading trains only through adapters: add --use_peft (QLoRA)")
+    quantization = quantization_config(bits, model_args.dtype, model_args.bnb_4bit_quant_type,
+                                       model_args.use_bnb_nested_quant)
+    device_map = None
+    if quantization is not None and torch.cuda.is_available():
+        device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    model, processor = load_checkpoint(
+        stage_args.model, revision=model_args.model_revision, dtype=model_args.dtype,
+        trust_remote_code=sft_args.trust_remote_code, attn_implementation=model_args.attn_implementation,
+        quantization=quantization, device_map=device_map,
+    )
+    apply_norm_variant(model, stage=stage_args.stage, **variant)
+    return model, processor
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``llava-normaligned train``: parse, load, train one stage, save. Returns the exit code."""
+    from .arguments import parse_train_args
+    from .data import DataError
+    from .lora import merge_adapter, stage2_lora_config
+    from .masking import TemplateError
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    try:
+        stage_args, sft_args, model_args, config_files = parse_train_args(argv)
+        logging.getLogger().setLevel(sft_args.get_process_log_level())
+        model, processor = _load_model(stage_args, model_args, sft_args)
+        dataset, data_report = _load_data(stage_args)
+        peft_config = stage2_lora_config(model_args) if model_args.use_peft else None
+        result = train_stage(
+            model, processor, dataset,
+            stage=stage_args.stage, args=sft_args,
+            lr_projector=stage_args.lr_projector, lr_llm=stage_args.lr_llm, lr_vision=stage_args.lr_vision,
+            peft_config=peft_config, train_vision=stage_args.train_vision,
+            on_too_long=stage_args.on_too_long, on_bad_image=stage_args.on_bad_image,
+            data_report=data_report,
+            run_info={"config_files": config_files, "argv": list(sys.argv[1:] if argv is None else argv),
+                      "model": stage_args.model or f"{stage_args.vision_model} + {stage_args.text_model}"},
+        )
+    except (DataError, TemplateError, FileNotFoundError, ValueError) as err:
+        logger.debug("train failed", exc_info=True)
+        print(f"llava-normaligned train: error: {err}", file=sys.stderr)
+        return 2
+    if peft_config is not None and stage_args.merge_adapter and result.trainer.is_world_process_zero():
+
+        def unquantized_base():
+            return _load_model(dataclasses.replace(stage_args), dataclasses.replace(
+                model_args, load_in_4bit=False, load_in_8bit=False), sft_args)[0]
+
+        merged = merge_adapter(result.model, os.path.join(result.output_dir, "merged"), processor, unquantized_base)
+        logger.info("merged model written to %s", merged)
+    if result.trainer.is_world_process_zero():
+        end = result.norm_tracking[-1] if result.norm_tracking else {}
+        print(f"stage {stage_args.stage} done: {result.output_dir} (train_loss "
+              f"{result.metrics.get('train_loss', float('nan')):.4f}, vision/text norm ratio at the end "
+              f"{end.get('vision_text_ratio', float('nan')):.3g})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

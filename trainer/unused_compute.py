@@ -1,0 +1,65 @@
+"""Skip, during training, the vision-tower compute whose result LLaVA never reads.
+
+LLaVA takes ``hidden_states[vision_feature_layer]`` of the vision tower (the penultimate layer in LLaVA-1.5), yet the
+tower runs every encoder layer, then the post layernorm and SigLIP's attention-pooling head, whose outputs are
+dropped. While training, the encoder layers after the deepest feature layer pass their input through unchanged
+(the hidden-state list keeps its length, so ``hidden_states[-2]`` is still the same tensor) and the pooling head
+returns nothing. The weights are untouched and everything is restored when the context exits, so saved checkpoints
+and inference run the model as written. Nothing LLaVA reads changes: the test suite compares losses and gradients.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+
+logger = logging.getLogger(__name__)
+
+
+def _pass_through(hidden_states, *args, **kwargs):
+    return hidden_states
+
+
+def _no_pooling(hidden_states, *args, **kwargs):
+    return None
+
+
+def _llava_base(model):
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, "model", inner)
+
+
+def unused_vision_modules(model) -> tuple[list, list]:
+    """(encoder layers after the deepest feature layer, pooling heads) of a LLaVA's vision tower."""
+    base = _llava_base(model)
+    tower = base.vision_tower
+    owner = getattr(tower, "vision_model", tower)
+    layers = getattr(getattr(owner, "encoder", None), "layers", None)
+    if layers is None:
+        return [], []
+    feature_layers = base.config.vision_feature_layer
+    feature_layers = [feature_layers] if isinstance(feature_layers, int) else list(feature_layers)
+    n = len(layers)
+    deepest = max(f if f >= 0 else n + 1 + f for f in feature_layers)  # hidden_states[k]: output of layer k - 1
+    head = getattr(owner, "head", None)
+    return list(layers)[deepest:], ([head] if head is not None else [])
+
+
+@contextmanager
+def skip_unused_vision_compute(model, enabled: bool = True):
+    """Within the context, unused vision layers pass their input through and the pooling head is skipped."""
+    layers, heads = unused_vision_modules(model) if enabled else ([], [])
+    patched = [(module, _pass_through) for module in layers] + [(module, _no_pooling) for module in heads]
+    for module, replacement in patched:
+        module.forward = replacement  # an instance attribute: nn.Module.__call__ (and its hooks) call it
+    if patched:
+        logger.info("training skips %d vision layer(s) and %d pooling head(s) whose outputs LLaVA never reads",
+                    len(layers), len(heads))
+    try:
+        yield
+    finally:
+        for module, _ in patched:
+            del module.forward  # back to the class's forward
+
+
+__all__ = ["skip_unused_vision_compute", "unused_vision_modules"]
