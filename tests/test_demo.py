@@ -1,0 +1,196 @@
+"""``llava-normaligned demo --quick``: every output is written, complete and usable, and the run is deterministic.
+
+The quick demo trains for a handful of steps, so its accuracies mean nothing; what is checked is that every number
+the README's demo reports is there, that the norm ratios show the gap the demo is about, and that the best
+checkpoint is a working model folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+import pytest
+from llava_normaligned.trainer import synthetic
+from llava_normaligned.trainer.demo_parts import VARIANTS
+from PIL import Image
+
+TEMPLATES = {t.name for t in synthetic.TEMPLATES}
+
+
+def _run(output_dir):
+    from llava_normaligned.cli import main
+
+    return main(["demo", "--output-dir", str(output_dir), "--quick", "--no-progress"])
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("demo") / "out"
+    assert _run(output_dir) == 0
+    return output_dir
+
+
+@pytest.fixture(scope="module")
+def results(quick_demo):
+    return json.loads((quick_demo / "results.json").read_text())
+
+
+def test_every_variant_and_the_stock_row_are_scored_with_real_and_blank_images(results):
+    rows = results["rows"]
+    assert [r["key"] for r in rows] == [v.key for v in VARIANTS] + ["stock"]
+    assert rows[-1]["model_class"] == "LlavaForConditionalGeneration"
+    assert {r["model_class"] for r in rows[:-1]} == {"LlavaNormAlignedForConditionalGeneration"}
+    for row in rows:
+        for condition in ("real", "blank"):
+            accuracy = row["accuracy"][condition]
+            assert set(accuracy) == TEMPLATES | {"avg"}
+            assert all(0.0 <= value <= 1.0 for value in accuracy.values())
+            assert accuracy["avg"] == pytest.approx(sum(accuracy[t] for t in TEMPLATES) / len(TEMPLATES))
+        assert row["visual_gain"] == pytest.approx(row["accuracy"]["real"]["avg"] - row["accuracy"]["blank"]["avg"])
+    assert rows[-1]["steps"]["single_stage"] == sum(rows[0]["steps"].values())  # same step budget
+    assert results["dataset"]["text_only_accuracy_test"] == {t: 0.25 for t in TEMPLATES}
+
+
+def test_norm_ratios_at_the_start_and_end_of_each_stage_show_the_gap(results):
+    rows = {r["key"]: r for r in results["rows"]}
+    for key, row in rows.items():
+        stages = ("init", "after_stage2") if key == "stock" else ("init", "after_stage1", "after_stage2")
+        assert all(math.isfinite(row["norm_ratio"][s]) and row["norm_ratio"][s] > 0 for s in stages), key
+    # the tiny parts reproduce the paper's gap (RQ1): without the norm, image tokens enter the LLM far above T ...
+    assert rows["no_norm"]["norm_ratio"]["init"] > 10
+    assert rows["stock"]["norm_ratio"]["init"] == pytest.approx(rows["no_norm"]["norm_ratio"]["init"], rel=1e-5)
+    # ... with the target-initialised norm they start at T (paper §5.1: gain T / sqrt(D), bias 0)
+    for key in ("norm_target_init", "norm_target_init_gwc"):
+        assert rows[key]["norm_ratio"]["init"] == pytest.approx(1.0, rel=0.02)
+    parts = results["parts"]
+    assert parts["vision_feature_norm"]["after_pretraining"] > 10 * parts["text_embedding_norm"]
+    # the training-time tracking of each stage starts at step 0
+    for stage in ("stage1", "stage2"):
+        records = rows["norm_target_init_gwc"]["tracking"][stage]
+        assert records[0]["step"] == 0 and "vision_text_ratio" in records[-1] and "gwc_factor" in records[-1]
+
+
+def test_table5_statistics_of_the_norm(results):
+    rows = {r["key"]: r for r in results["rows"]}
+    assert rows["no_norm"]["gain_stats"]["after_stage1"] == {}
+    default = rows["norm_default_init"]["gain_stats"]
+    target = rows["norm_target_init_gwc"]["gain_stats"]
+    assert default["init"]["gain_abs_mean"] == pytest.approx(1.0)
+    hidden = results["setup"]["config"]["parts"]["text"]["hidden_size"]
+    assert target["init"]["gain_l2"] == pytest.approx(target["init"]["gain_abs_mean"] * math.sqrt(hidden), rel=1e-4)
+    assert target["init"]["gain_abs_mean"] < 0.1  # T / sqrt(D) for a 64-d LLM with embeddings of norm ~0.16
+    for stats in (default, target):
+        assert {"gain_l2", "gain_abs_mean", "gain_abs_std", "bias_abs_mean", "bias_abs_std"} <= set(
+            stats["after_stage1"])
+        assert stats["after_stage1"]["bias_abs_mean"] > 0  # stage 1 trained the norm
+
+
+def test_results_markdown_has_both_tables(quick_demo, results):
+    text = (quick_demo / "results.md").read_text()
+    for row in results["rows"]:
+        assert row["name"] in text
+    for heading in ("paper Table 4 layout", "blank images", "Visual gain", "Vision/text norm ratio",
+                    "paper Table 5 layout", "Gain (g)", "Bias (β)"):
+        assert heading in text
+
+
+def test_figures_are_png_files(quick_demo):
+    from llava_normaligned.trainer.demo_report import FIGURES
+
+    for file in FIGURES.values():
+        path = quick_demo / "figures" / file
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(path) as image:
+            assert image.size[0] > 100 and image.size[1] > 100
+        assert file in (quick_demo / "results.md").read_text()
+
+
+def test_best_model_folder_loads_and_answers(quick_demo, results):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from llava_normaligned.generation import generate_batch
+
+    folder = quick_demo / "best_model"
+    for name in ("config.json", "model.safetensors", "configuration_llava_normaligned.py",
+                 "modeling_llava_normaligned.py", "README.md", "eval/results.json", "eval/results.md",
+                 "training_summary.json", "norm_tracking.json", "eval/figures/accuracy.png"):
+        assert (folder / name).is_file(), name
+    config = json.loads((folder / "config.json").read_text())
+    best = next(r for r in results["rows"] if r["key"] == results["best"]["key"])
+    assert config["model_type"] == "llava_normaligned" and config["projector_norm"] == best["variant"]["projector_norm"]
+    model = AutoModelForImageTextToText.from_pretrained(folder, trust_remote_code=True).eval()
+    processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
+    answers = generate_batch(model, processor, ["What colour is the shape?"], [synthetic.blank_image(32)],
+                             max_new_tokens=3)
+    assert len(answers) == 1 and isinstance(answers[0], str)
+    card = (folder / "README.md").read_text()
+    assert "license: apache-2.0" in card and f"# llava-normaligned-demo-{best['key']}" in card
+    assert "eval/figures/accuracy.png" in card  # the demo's results, embedded with working links
+
+
+def test_rerun_reuses_finished_runs_and_refuses_other_settings(quick_demo, results, capsys):
+    from llava_normaligned.cli import main
+
+    stamp = os.path.getmtime(quick_demo / "runs" / "no_norm" / "result.json")
+    assert _run(quick_demo) == 0
+    assert os.path.getmtime(quick_demo / "runs" / "no_norm" / "result.json") == stamp  # not trained again
+    again = json.loads((quick_demo / "results.json").read_text())
+    assert [r["accuracy"] for r in again["rows"]] == [r["accuracy"] for r in results["rows"]]
+    capsys.readouterr()
+    assert main(["demo", "--output-dir", str(quick_demo), "--quick", "--no-progress", "--stage2-steps", "9"]) == 2
+    assert "other settings" in capsys.readouterr().err
+
+
+def test_same_seed_same_numbers(results, tmp_path):
+    assert _run(tmp_path / "again") == 0
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    for first, second in zip(results["rows"], again["rows"]):
+        assert second["accuracy"] == first["accuracy"], first["key"]
+        assert second["train_loss"] == first["train_loss"], first["key"]
+        assert second["norm_ratio"] == pytest.approx(first["norm_ratio"], rel=1e-6), first["key"]
+
+
+def test_a_used_folder_is_refused_and_left_alone(tmp_path, capsys):
+    from llava_normaligned.cli import main
+
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["demo", "--output-dir", str(tmp_path), "--quick", "--no-progress"]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_vision_pretraining_makes_the_encoder_read_every_cell():
+    from llava_normaligned.trainer.vision_pretrain import VisionPretrainConfig, pretrain_vision
+
+    from llava_normaligned.tiny import TinyVisionSpec
+
+    spec = TinyVisionSpec(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                          image_size=32, patch_size=8)
+    result = pretrain_vision(spec, VisionPretrainConfig(num_scenes=1024, steps=120), progress=False)
+    # 17 classes per cell (empty or colour x kind); about half the cells are empty, so guessing "empty" scores ~0.5
+    assert result.cell_accuracy > 0.9
+    assert result.losses[-1] < 0.2 * result.losses[0]
+    assert result.feature_norm_after > 5  # the residual stream LLaVA reads stays far above a 0.16 text norm
+
+
+def test_text_pretraining_lowers_the_lm_loss():
+    from llava_normaligned.trainer.demo_parts import EXTRA_WORDS
+    from llava_normaligned.trainer.text_pretrain import TextPretrainConfig, conversations, pretrain_text
+
+    from llava_normaligned.tiny import TinyTextSpec, tiny_text_model, train_tokenizer
+
+    tokenizer = train_tokenizer(words=list(synthetic.VOCABULARY) + list(EXTRA_WORDS), vocab_size=1024,
+                                with_image_token=False)
+    texts = {text for conversation in conversations(256, seed=0) for turn in conversation
+             for text in turn["content"].split("\n")}
+    for text in texts:  # every word (and punctuation mark) the dataset writes is one token
+        assert len(tokenizer.tokenize(text)) == len(re.findall(r"\w+|[^\w\s]", text)), text
+    lm = tiny_text_model(tokenizer, TinyTextSpec(), seed=1)
+    result = pretrain_text(lm, tokenizer, TextPretrainConfig(num_conversations=512, steps=40), progress=False)
+    assert result.losses[-1] < 0.5 * result.losses[0]
+    held_out = conversations(64, seed=1, split="test")
+    train = conversations(64, seed=1, split="train")
+    assert not {c[0]["content"] for c in held_out} & {c[0]["content"] for c in train}

@@ -1,0 +1,200 @@
+"""The CPU demo's models: a pre-trained tiny vision encoder and a tiny LLM, composed into each variant of the paper.
+
+    parts = build_parts(folder, PartsConfig())          # once; cached in the folder
+    model, processor = compose_variant(parts, VARIANTS[3])   # "w/ Norm, target init (w/ GWC)"
+    stock = stock_llava(model)                           # the same weights in transformers' LlavaForConditionalGeneration
+
+Every variant starts from the same weights: the same vision encoder and LLM (``parts``) and the same projector draw
+(seeded); only the projector norm differs (paper Tables 4/5).
+
+Why the norm gap is there at the LLM input (the paper's RQ1), at CPU scale:
+
+* The vision encoder is pre-trained on the synthetic images (``vision_pretrain``), and LLaVA reads its last hidden
+  state before the post-layernorm (``vision_feature_layer=-1``): the pre-norm residual stream, whose norm (about 13
+  to 20 here) is some 100x the tiny LLM's text-embedding norm (0.16 for 64-d embeddings drawn with std 0.02).
+* The projector is drawn as LLaVA-1.5's is *at its real widths*. transformers draws it with std 0.02, which at
+  1024 -> 4096 -> 4096 gives each layer an RMS gain of 0.02 * sqrt(fan_in) = 0.64 and 1.28; at the tiny widths the
+  same std would shrink the image tokens about 40x and hide the gap. So the demo draws each layer with
+  std = (LLaVA-1.5's gain) / sqrt(fan_in): image tokens enter the LLM at tens of times the text norm, as in the
+  paper's models (29-72 against 0.8-1.4).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, tiny_text_model, train_tokenizer
+
+from . import synthetic
+from .text_pretrain import TextPretrainConfig, pretrain_text
+from .vision_pretrain import VisionPretrainConfig, pretrain_vision
+
+logger = logging.getLogger(__name__)
+
+PARTS_FILE = "parts.json"
+# LLaVA-1.5 (CLIP ViT-L 1024-d -> Vicuna 4096-d), projector drawn with std 0.02: per-layer RMS gains
+LLAVA15_PROJECTOR_GAINS = (0.02 * math.sqrt(1024), 0.02 * math.sqrt(4096))
+# Words the chat template and the text pre-training add to the dataset's own.
+EXTRA_WORDS = ("user", "assistant", "system", "Scene", ":")
+
+
+@dataclass
+class Variant:
+    """One row of the paper's Table 4 ablation: the projector-norm fields of ``LlavaNormAlignedConfig``."""
+
+    name: str  # as printed in the tables
+    key: str  # folder name
+    projector_norm: str | None
+    norm_init: str = "target"
+    gradient_compensation: bool = False
+
+    def config_fields(self) -> dict:
+        return {"projector_norm": self.projector_norm, "norm_init": self.norm_init,
+                "gradient_compensation": self.gradient_compensation}
+
+
+VARIANTS = (
+    Variant("w/o Norm", "no_norm", None),
+    Variant("w/ Norm, default init", "norm_default_init", "layernorm", "default", False),
+    Variant("w/ Norm, target init (w/o GWC)", "norm_target_init", "layernorm", "target", False),
+    Variant("w/ Norm, target init (w/ GWC)", "norm_target_init_gwc", "layernorm", "target", True),
+)
+
+
+@dataclass
+class PartsConfig:
+    """The tiny vision encoder and LLM, and how each is pre-trained."""
+
+    vision: TinyVisionSpec = field(default_factory=lambda: TinyVisionSpec(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+        patch_size=8))
+    text: TinyTextSpec = field(default_factory=lambda: TinyTextSpec(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    vision_pretrain: VisionPretrainConfig = field(default_factory=VisionPretrainConfig)
+    text_pretrain: TextPretrainConfig | None = field(default_factory=TextPretrainConfig)
+    jitter: int = 1
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Parts:
+    vision_dir: str
+    text_dir: str
+    info: dict  # pre-training results and measured norms (parts.json)
+
+
+def build_parts(folder: str, config: PartsConfig, progress: bool = True) -> Parts:
+    """Pre-train and save the tiny vision encoder (``folder/vision``) and LLM (``folder/text``).
+
+    Reused when ``folder/parts.json`` records the same config; a folder with another config is an error (never
+    overwritten). Written to a temporary folder and moved into place, so an interrupted run leaves nothing half-done.
+    """
+    wanted = json.loads(json.dumps(config.to_dict()))
+    info_path = os.path.join(folder, PARTS_FILE)
+    if os.path.exists(info_path):
+        with open(info_path, encoding="utf-8") as handle:
+            info = json.load(handle)
+        if info.get("config") != wanted:
+            raise FileExistsError(f"{folder} holds parts built with another config; use another output folder")
+        logger.info("reusing the pre-trained parts in %s", folder)
+        return Parts(os.path.join(folder, "vision"), os.path.join(folder, "text"), info)
+    if os.path.exists(folder) and os.listdir(folder):
+        raise FileExistsError(f"{folder} exists, is not empty and has no {PARTS_FILE}")
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".parts-", dir=parent)
+    try:
+        info = _build(staging, config, wanted, progress)
+        if os.path.exists(folder):
+            os.rmdir(folder)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Parts(os.path.join(folder, "vision"), os.path.join(folder, "text"), info)
+
+
+def _build(root: str, config: PartsConfig, wanted: dict, progress: bool) -> dict:
+    vision = pretrain_vision(config.vision, config.vision_pretrain, jitter=config.jitter, progress=progress)
+    vision.model.save_pretrained(os.path.join(root, "vision"))
+    vision.image_processor.save_pretrained(os.path.join(root, "vision"))
+
+    # The LM's own tokenizer does not know <image>: compose adds it, as it would for Llama or Qwen.
+    words = list(synthetic.VOCABULARY) + list(EXTRA_WORDS)
+    tokenizer = train_tokenizer(words=words, vocab_size=1024, with_image_token=False)
+    lm = tiny_text_model(tokenizer, config.text, seed=config.seed + 1)
+    text_info = None
+    if config.text_pretrain is not None:
+        result = pretrain_text(lm, tokenizer, config.text_pretrain, progress=progress)
+        text_info = {"answer_accuracy_from_text": result.answer_accuracy, "seconds": result.seconds,
+                     "final_loss": result.losses[-1]}
+    lm.save_pretrained(os.path.join(root, "text"))
+    tokenizer.save_pretrained(os.path.join(root, "text"))
+
+    embeddings = lm.get_input_embeddings().weight.detach().float()
+    info = {
+        "config": wanted,
+        "vision_pretrain": {"cell_accuracy_held_out": vision.cell_accuracy, "seconds": vision.seconds,
+                            "final_loss": vision.losses[-1]},
+        "text_pretrain": text_info,
+        # paper RQ1: the vision encoder's output norm against the LLM's text-embedding norm
+        "vision_feature_norm": {"before_pretraining": vision.feature_norm_before,
+                                "after_pretraining": vision.feature_norm_after},
+        "text_embedding_norm": float(embeddings.norm(dim=-1).mean()),
+    }
+    with open(os.path.join(root, PARTS_FILE), "w", encoding="utf-8") as handle:
+        json.dump(info, handle, indent=1)
+    return info
+
+
+# ------------------------------------------------------------------------------------------------ composing
+
+
+def draw_projector(model, seed: int) -> None:
+    """Draw the projector's two linear layers with LLaVA-1.5's per-layer gains (see the module docstring)."""
+    projector = model.model.multi_modal_projector
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for linear, gain in zip((projector.linear_1, projector.linear_2), LLAVA15_PROJECTOR_GAINS):
+            std = gain / math.sqrt(linear.in_features)
+            linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator) * std)
+            if linear.bias is not None:
+                linear.bias.zero_()
+
+
+def compose_variant(parts: Parts, variant: Variant, seed: int = 0):
+    """(model, processor): the parts composed with ``variant``'s projector norm, projector drawn by ``seed``."""
+    from llava_normaligned.compose import compose
+
+    model, processor = compose(parts.vision_dir, parts.text_dir, vision_feature_layer=-1, seed=seed,
+                               **variant.config_fields())
+    draw_projector(model, seed)
+    return model, processor
+
+
+def stock_llava(model):
+    """The same weights in transformers' own ``LlavaForConditionalGeneration`` (the "w/o Norm" architecture)."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    if getattr(model.config, "projector_norm", None) is not None:
+        raise ValueError("stock_llava needs a model without the projector norm (the 'w/o Norm' variant)")
+    fields = model.config.to_dict()
+    for key in ("model_type", "architectures", "auto_map", "transformers_version", "projector_norm", "norm_target",
+                "norm_init", "gradient_compensation", "gradient_compensation_min"):
+        fields.pop(key, None)
+    stock = LlavaForConditionalGeneration(LlavaConfig(**fields))
+    result = stock.load_state_dict(model.state_dict(), strict=True)
+    del result
+    stock.generation_config = model.generation_config
+    return stock.eval()
