@@ -183,12 +183,22 @@ def write_copy(task: str, data_dir: str, rows: list[dict] | None = None, layout:
     return folder
 
 
+SYNTHETIC_TEST_PER_TEMPLATE = 16
+
+
+def synthetic_test_rows() -> int:
+    """How many test questions `write_synthetic` writes: 16 per question template of the dataset."""
+    from llava_normaligned.trainer.synthetic import TEMPLATES
+
+    return SYNTHETIC_TEST_PER_TEMPLATE * len(TEMPLATES)
+
+
 def write_synthetic(data_dir: str) -> str:
-    """The demo's held-out split, written by `make-data` itself (64 test questions, 32-px images)."""
+    """The demo's held-out split, written by `make-data` itself (16 test questions per template, 32-px images)."""
     from llava_normaligned.trainer.synthetic import SyntheticSpec, make_dataset
 
     folder = os.path.join(data_dir, "synthetic")
-    make_dataset(folder, SyntheticSpec(train_per_template=16, test_per_template=16), progress=False)
+    make_dataset(folder, SyntheticSpec(train_per_template=16, test_per_template=SYNTHETIC_TEST_PER_TEMPLATE), progress=False)
     return folder
 
 

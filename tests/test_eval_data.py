@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from llava_normaligned.trainer.synthetic import TEMPLATES as SYNTHETIC_TEMPLATES
+
 import eval_fixtures
 from llava_normaligned.evaluation.data import EvalDataError, load_split
 from llava_normaligned.evaluation.runner import build_requests
@@ -30,7 +32,7 @@ def first_request(data_dir, task):
 @pytest.mark.parametrize("task", list(TASKS))
 def test_every_task_loads_from_its_local_copy(data_dir, task):
     split = load_split(TASKS[task], data_dir)
-    expected = 64 if task == "synthetic" else len(eval_fixtures.ROWS[task]())
+    expected = eval_fixtures.synthetic_test_rows() if task == "synthetic" else len(eval_fixtures.ROWS[task]())
     assert (split.source, len(split)) == ("local", expected)
     built = list(build_requests(TASKS[task], split, range(len(split))))
     assert all(error is None for _, _, error in built), built
@@ -74,13 +76,13 @@ def test_prompts_are_lmms_eval_prompts(data_dir):
     assert mmlu.continuations == [" A", " B", " C", " D"] and mmlu.meta["category"] == "stem"
 
     _, synthetic = first_request(data_dir, "synthetic")
-    assert "<image>" not in synthetic.prompt and synthetic.meta["category"] in ("count", "colour", "shape", "position")
+    assert "<image>" not in synthetic.prompt and synthetic.meta["category"] in {t.name for t in SYNTHETIC_TEMPLATES}
 
 
 def test_make_data_folder_works_as_data_dir(data_dir):
     # `make-data --output-dir ./shapes` then `eval --tasks synthetic --data-dir ./shapes`
     split = load_split(TASKS["synthetic"], os.path.join(data_dir, "synthetic"))
-    assert len(split) == 64
+    assert len(split) == eval_fixtures.synthetic_test_rows()
 
 
 def test_wrong_schema_names_missing_columns(tmp_path):
