@@ -133,7 +133,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+    default_dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype
     results = []
     for size in args.sizes:
         steps = args.steps or (30 if size == "tiny" else 10)

@@ -18,6 +18,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     SiglipVisionConfig,
     SiglipVisionModel,
 )
@@ -97,7 +99,7 @@ class TinyVisionSpec:
 
 @dataclass
 class TinyTextSpec:
-    kind: str = "llama"  # "llama" or "qwen2"
+    kind: str = "llama"  # "llama", "qwen2" or "qwen3"
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2
@@ -136,7 +138,7 @@ def tiny_vision_model(spec: TinyVisionSpec = TinyVisionSpec(), seed: int = 0):
 
 
 def tiny_text_model(tokenizer, spec: TinyTextSpec = TinyTextSpec(), seed: int = 0):
-    """A randomly initialised Llama or Qwen2 causal LM sized to ``tokenizer`` (without the image token)."""
+    """A randomly initialised Llama, Qwen2 or Qwen3 causal LM sized to ``tokenizer`` (without the image token)."""
     import torch
 
     kwargs = dict(
@@ -158,7 +160,9 @@ def tiny_text_model(tokenizer, spec: TinyTextSpec = TinyTextSpec(), seed: int = 
         return LlamaForCausalLM(LlamaConfig(**kwargs))
     if spec.kind == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(**kwargs))
-    raise ValueError(f"TinyTextSpec.kind must be 'llama' or 'qwen2', got {spec.kind!r}")
+    if spec.kind == "qwen3":  # Qwen3 sets head_dim explicitly (default 128)
+        return Qwen3ForCausalLM(Qwen3Config(head_dim=spec.hidden_size // spec.num_attention_heads, **kwargs))
+    raise ValueError(f"TinyTextSpec.kind must be 'llama', 'qwen2' or 'qwen3', got {spec.kind!r}")
 
 
 def save_tiny_parts(

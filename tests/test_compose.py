@@ -108,6 +108,7 @@ def test_trust_remote_code_in_a_fresh_python(tiny_model_dir, tiny_model, tiny_pr
     "vision, text, strategy, tied",
     [
         (TinyVisionSpec(kind="clip"), TinyTextSpec(kind="qwen2"), "default", False),
+        (TinyVisionSpec(kind="siglip"), TinyTextSpec(kind="qwen3", tie_word_embeddings=True), "full", True),
         (TinyVisionSpec(kind="siglip"), TinyTextSpec(kind="llama", tie_word_embeddings=True), "full", True),
     ],
 )

@@ -64,8 +64,8 @@ def compare_rotation(layers: dict, pooled: dict) -> dict:
     modalities = [m for m in ("vision", "text") if layers.get(m)]
     num = len(pooled["norm"])
     result = {
-        "C": [None] + [_at(pooled["update_abs"], l) for l in range(1, num)],
-        "phi_deg": [None] + [_at(pooled["update_angle_deg"], l) for l in range(1, num)],
+        "C": [None] + [_at(pooled["update_abs"], i) for i in range(1, num)],
+        "phi_deg": [None] + [_at(pooled["update_angle_deg"], i) for i in range(1, num)],
         "predicted_rotation_deg": {},
         "predicted_rotation_own_deg": {},
         "measured_rotation_deg": {},
@@ -75,13 +75,13 @@ def compare_rotation(layers: dict, pooled: dict) -> dict:
     for m in modalities:
         curves = layers[m]
         predicted = [None] + [
-            _predict(_at(curves["norm"], l - 1), result["C"][l], result["phi_deg"][l]) for l in range(1, num)
+            _predict(_at(curves["norm"], i - 1), result["C"][i], result["phi_deg"][i]) for i in range(1, num)
         ]
         own = [None] + [
-            _predict(_at(curves["norm"], l - 1), _at(curves["update_abs"], l), _at(curves["update_angle_deg"], l))
-            for l in range(1, num)
+            _predict(_at(curves["norm"], i - 1), _at(curves["update_abs"], i), _at(curves["update_angle_deg"], i))
+            for i in range(1, num)
         ]
-        measured = [None] + [_at(curves["rotation_deg"], l) for l in range(1, num)]
+        measured = [None] + [_at(curves["rotation_deg"], i) for i in range(1, num)]
         result["predicted_rotation_deg"][m] = predicted
         result["predicted_rotation_own_deg"][m] = own
         result["measured_rotation_deg"][m] = measured
@@ -91,7 +91,7 @@ def compare_rotation(layers: dict, pooled: dict) -> dict:
     if "vision" in modalities and "text" in modalities:
         v, t = layers["vision"]["update_abs"], layers["text"]["update_abs"]
         result["update_abs_vision_over_text"] = [None] + [
-            (_at(v, l) / _at(t, l)) if _at(v, l) is not None and _at(t, l) else None for l in range(1, num)
+            (_at(v, i) / _at(t, i)) if _at(v, i) is not None and _at(t, i) else None for i in range(1, num)
         ]
     if predicted_all:
         p, q = torch.tensor(predicted_all), torch.tensor(measured_all)

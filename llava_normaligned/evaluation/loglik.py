@@ -7,16 +7,14 @@ chat template and with the tokenizer's own special tokens (a BOS where the token
 
 from __future__ import annotations
 
-import logging
 
 import torch
 
 from .data import LoadedSplit
 from .prompts import LoglikRequest
-from .runner import SampleSink, build_requests, chunks, error_record
+from .runner import SampleSink, chunks, run_batches
 from .tasks import TaskSpec
 
-logger = logging.getLogger(__name__)
 
 
 def _device_of(model) -> torch.device:
@@ -122,32 +120,8 @@ def run_loglik(spec: TaskSpec, split: LoadedSplit, model, tokenizer, sink: Sampl
                skip: frozenset[int] = frozenset(), progress=None) -> list[dict]:
     """Every row of ``split`` (but those in ``skip``) scored, ``batch_size`` requests at a time; a request's
     options go through the model together with the other requests' options."""
-    records: list[dict] = []
-
-    def emit(record: dict) -> None:
-        records.append(record)
-        sink.write(record)
-
-    todo = [i for i in range(len(split)) if i not in skip]
-    for indices in chunks(todo, batch_size):
-        batch = []
-        for idx, request, exc in build_requests(spec, split, indices):
-            if exc is not None:
-                emit(error_record(spec.name, idx, exc, request))
-            else:
-                batch.append((idx, request))
-        try:
-            all_scores = score_requests(model, tokenizer, [r for _, r in batch], batch_size * 4) if batch else []
-        except Exception as exc:
-            logger.warning("%s: a batch of %d failed (%s); retrying one by one", spec.name, len(batch), exc)
-            all_scores = None
-        for k, (idx, request) in enumerate(batch):
-            try:
-                lls = all_scores[k] if all_scores is not None else score_requests(model, tokenizer, [request], 4)[0]
-                record = _judged(spec, idx, request, lls)
-            except Exception as exc:
-                record = error_record(spec.name, idx, exc, request)
-            emit(record)
-        if progress is not None:
-            progress(len(indices))
-    return records
+    return run_batches(
+        spec, split, sink, batch_size=batch_size, skip=skip, progress=progress, judge=_judged,
+        score_batch=lambda requests: score_requests(model, tokenizer, requests, batch_size * 4),
+        score_one=lambda request: score_requests(model, tokenizer, [request], 4)[0],
+    )

@@ -126,10 +126,12 @@ def _judged(spec: TaskSpec, row: int, request: GenerationRequest, prediction: st
     }
 
 
-def run_generation(spec: TaskSpec, split: LoadedSplit, model, processor, sink: SampleSink, *, batch_size: int,
-                   max_new_tokens: int, skip: frozenset[int] = frozenset(), progress=None) -> list[dict]:
-    """Every row of ``split`` (but those in ``skip``, done by an earlier run) answered and judged; records are
-    written to ``sink`` as each batch finishes."""
+def run_batches(spec: TaskSpec, split: LoadedSplit, sink: SampleSink, *, batch_size: int, score_batch, score_one,
+                judge, skip: frozenset[int] = frozenset(), progress=None) -> list[dict]:
+    """The loop every kind of task shares: build ``batch_size`` requests, score them at once with
+    ``score_batch(requests)``; if that fails, score them one by one with ``score_one(request)``, so a bad sample
+    loses only itself. Each result goes through ``judge(spec, row, request, result)``; records are written to
+    ``sink`` as each batch finishes. Rows in ``skip`` (done by an earlier run) are left out."""
     records: list[dict] = []
 
     def emit(record: dict) -> None:
@@ -144,22 +146,28 @@ def run_generation(spec: TaskSpec, split: LoadedSplit, model, processor, sink: S
                 emit(error_record(spec.name, idx, exc, request))
             else:
                 batch.append((idx, request))
+        results = None
         if batch:
             try:
-                predictions = generate_answers(model, processor, [r for _, r in batch], max_new_tokens)
+                results = score_batch([r for _, r in batch])
             except Exception as exc:
                 logger.warning("%s: a batch of %d failed (%s); retrying one by one", spec.name, len(batch), exc)
-                predictions = None
-            for k, (idx, request) in enumerate(batch):
-                if predictions is not None:
-                    emit(_judged(spec, idx, request, predictions[k]))
-                    continue
-                try:
-                    (prediction,) = generate_answers(model, processor, [request], max_new_tokens)
-                except Exception as exc:
-                    emit(error_record(spec.name, idx, exc, request))
-                else:
-                    emit(_judged(spec, idx, request, prediction))
+        for k, (idx, request) in enumerate(batch):
+            try:
+                record = judge(spec, idx, request, results[k] if results is not None else score_one(request))
+            except Exception as exc:
+                record = error_record(spec.name, idx, exc, request)
+            emit(record)
         if progress is not None:
             progress(len(indices))
     return records
+
+
+def run_generation(spec: TaskSpec, split: LoadedSplit, model, processor, sink: SampleSink, *, batch_size: int,
+                   max_new_tokens: int, skip: frozenset[int] = frozenset(), progress=None) -> list[dict]:
+    """Every row of ``split`` (but those in ``skip``) answered by greedy generation and judged."""
+    return run_batches(
+        spec, split, sink, batch_size=batch_size, skip=skip, progress=progress, judge=_judged,
+        score_batch=lambda requests: generate_answers(model, processor, requests, max_new_tokens),
+        score_one=lambda request: generate_answers(model, processor, [request], max_new_tokens)[0],
+    )
