@@ -16,8 +16,8 @@ import statistics
 import time
 
 import torch
-from transformers import LlavaConfig, LlavaForConditionalGeneration
 
+from llava_normaligned.compose import stock_llava_like
 from modeling_llava_normaligned import LlavaNormAlignedConfig, LlavaNormAlignedForConditionalGeneration
 
 SIZES = {
@@ -37,7 +37,7 @@ SIZES = {
                   num_key_value_heads=8, vocab_size=32000),
         batch=4, text_tokens=64,
     ),
-    # ~1.6B parameters: SigLIP-SO400M-p14-384-shaped tower, Llama-3.2-1B-shaped LLM (GPU)
+    # ~1.9B parameters: a SigLIP-SO400M-p14-384-shaped tower, a Llama-3.2-1B-shaped LLM (GPU)
     "large": dict(
         vision=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
                     image_size=384, patch_size=14),
@@ -59,9 +59,7 @@ def build_pair(size: str, dtype: torch.dtype, device: str):
     )
     torch.manual_seed(0)
     aligned = LlavaNormAlignedForConditionalGeneration(LlavaNormAlignedConfig(**common))
-    stock = LlavaForConditionalGeneration(LlavaConfig(**common))
-    missing = stock.load_state_dict(aligned.state_dict(), strict=False)
-    assert all("multi_modal_projector.norm" in k for k in missing.unexpected_keys) and not missing.missing_keys
+    stock = stock_llava_like(aligned)  # same weights, stock transformers class, no norm
     aligned.to(device=device, dtype=dtype).train()
     stock.to(device=device, dtype=dtype).train()
     n_params = sum(p.numel() for p in stock.parameters())

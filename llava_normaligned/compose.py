@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import torch
 from transformers import (
     AutoConfig,
+    LlavaConfig,
     AutoImageProcessor,
     AutoModel,
     AutoModelForCausalLM,
@@ -26,6 +27,7 @@ from transformers import (
     LlavaForConditionalGeneration,
     LlavaProcessor,
 )
+from transformers.initialization import no_init_weights
 
 from modeling_llava_normaligned import (
     LlavaNormAlignedConfig,
@@ -113,6 +115,15 @@ def _vision_parts(vision_model: str, revision: str | None, dtype, trust_remote_c
     return vision_config, source
 
 
+def input_embedding_weight(llm, name: str) -> torch.Tensor:
+    """The (vocab, width) input-embedding matrix of a causal LM, or a clear error naming the model."""
+    embeddings = llm.get_input_embeddings()
+    weight = getattr(embeddings, "weight", None) if embeddings is not None else None
+    if weight is None:
+        raise ValueError(f"text model {name!r} has no input embeddings (get_input_embeddings() gives no weight)")
+    return weight
+
+
 def _public_name(name_or_path: str) -> str:
     """A Hub id as given; for a local folder only its name, so no local path is published in config.json."""
     if os.path.isdir(name_or_path):
@@ -177,10 +188,10 @@ def compose(
     llm = AutoModelForCausalLM.from_pretrained(
         text_model, revision=text_revision, dtype=dtype, trust_remote_code=trust_remote_code
     )
-    embeddings = llm.get_input_embeddings()
-    if embeddings is None or getattr(embeddings, "weight", None) is None:
-        raise ValueError(f"text model {text_model!r} has no input embeddings (get_input_embeddings() is None)")
-    norm_target = text_embedding_norm_target(embeddings.weight)  # raises if every row is zero
+    norm_target = text_embedding_norm_target(input_embedding_weight(llm, text_model))  # raises if every row is 0
+    # One dtype for the whole model: the one asked for, else the LM's (a bf16 LLM stays bf16, and the saved
+    # config says so, so from_pretrained does not silently load it back in fp32).
+    model_dtype = dtype or next(llm.parameters()).dtype
 
     tokenizer = AutoTokenizer.from_pretrained(
         text_model,
@@ -217,14 +228,14 @@ def compose(
     _adopt(model.model.language_model, llm.base_model, f"text model {text_model!r}")
     if not config.tie_word_embeddings:
         _adopt(model.lm_head, llm.get_output_embeddings(), f"text model {text_model!r} (lm_head)")
-    # The projector is the only new part: materialise and initialise it (LLaVA init; gain T / sqrt(D)).
-    param_dtype = next(vision_tower.parameters()).dtype
-    model.model.multi_modal_projector.to_empty(device="cpu").to(param_dtype)
+    # The projector is the only new part: materialise and initialise it (LLaVA init; gain T / sqrt(D)), in fp32.
+    model.model.multi_modal_projector.to_empty(device="cpu").float()
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     for module in model.model.multi_modal_projector.modules():
         model._init_weights(module)
     torch.random.set_rng_state(generator_state)
+    model.to(model_dtype)
     model.tie_weights()
     if image_token_id >= model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
@@ -308,6 +319,20 @@ def convert_from_llava(
     return model, processor
 
 
+def stock_llava_like(model) -> LlavaForConditionalGeneration:
+    """Stock transformers ``LlavaForConditionalGeneration`` with the same configuration and weights as a
+    norm-aligned ``model``, minus the projector norm: the baseline of every comparison (tests, benchmarks, demo).
+    With ``projector_norm=None`` the two compute the same logits."""
+    config = model.config.to_dict()
+    for key in (*NORM_FIELDS, "norm_target", "model_type", "architectures", "auto_map", "transformers_version"):
+        config.pop(key, None)
+    with no_init_weights():
+        stock = LlavaForConditionalGeneration(LlavaConfig(**config))
+    state = {k: v for k, v in model.state_dict().items() if "multi_modal_projector.norm." not in k}
+    stock.load_state_dict(state, strict=True)
+    return stock.to(model.dtype).train(model.training)
+
+
 def save(model, processor, output_dir: str) -> None:
     """Write model (safetensors + remote code) and processor to ``output_dir``."""
     os.makedirs(output_dir, exist_ok=True)
@@ -318,13 +343,15 @@ def save(model, processor, output_dir: str) -> None:
 # ----------------------------------------------------------------------------------------------------------- CLI
 
 
-def _dtype(name: str | None):
-    if name in (None, "auto"):
+def parse_dtype(name: str) -> torch.dtype | None:
+    """An argparse ``type``: "auto" -> None (as stored), else a torch floating dtype by name (bf16/fp16/fp32 too)."""
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    if name == "auto":
         return None
-    try:
-        return getattr(torch, name) if isinstance(getattr(torch, name), torch.dtype) else None
-    except AttributeError:
-        raise argparse.ArgumentTypeError(f"--dtype: unknown torch dtype {name!r}") from None
+    value = getattr(torch, aliases.get(name, name), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise argparse.ArgumentTypeError(f"unknown floating dtype {name!r} (try bfloat16, float16, float32 or auto)")
+    return value
 
 
 def _add_norm_options(parser: argparse.ArgumentParser) -> None:
@@ -342,7 +369,10 @@ def _add_norm_options(parser: argparse.ArgumentParser) -> None:
         help="turn Global Weight Compensation off",
     )
     group.add_argument("--gradient-compensation-min", type=float, default=1e-3, help="GWC clamp (default 1e-3)")
-    parser.add_argument("--dtype", default=None, help="torch dtype to load and save in (default: as stored)")
+    parser.add_argument(
+        "--dtype", type=parse_dtype, default=None,
+        help="dtype to build and save in: bfloat16, float16, float32 (default: the language model's)",
+    )
     parser.add_argument("--output-dir", required=True, help="folder to write the model and processor to")
 
 
@@ -388,7 +418,7 @@ def compose_main(argv: list[str] | None = None) -> int:
         args.vision_model,
         args.text_model,
         vision_feature_layer=args.vision_feature_layer,
-        dtype=_dtype(args.dtype),
+        dtype=args.dtype,
         revision=args.vision_revision,
         text_revision=args.text_revision,
         trust_remote_code=args.trust_remote_code,
@@ -402,7 +432,7 @@ def compose_main(argv: list[str] | None = None) -> int:
 def convert_main(argv: list[str] | None = None) -> int:
     args = make_convert_parser().parse_args(argv)
     model, processor = convert_from_llava(
-        args.from_llava, dtype=_dtype(args.dtype), revision=args.revision, **_norm_kwargs(args)
+        args.from_llava, dtype=args.dtype, revision=args.revision, **_norm_kwargs(args)
     )
     save(model, processor, args.output_dir)
     _report(model, args.output_dir)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel
 from transformers import initialization as init
+from transformers.utils import logging
 from transformers.models.llava.modeling_llava import (
     LlavaForConditionalGeneration,
     LlavaModel,
@@ -25,6 +26,8 @@ from transformers.models.llava.modeling_llava import (
 )
 
 from .configuration_llava_normaligned import LlavaNormAlignedConfig
+
+logger = logging.get_logger(__name__)
 
 # paper §5.1: T is the mean norm over rows with ||w|| > eps (padding and never-trained rows are often exactly zero)
 TEXT_NORM_EPS = 1e-6
@@ -153,6 +156,13 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
                 f"checkpoint {source!r} is missing weights that would be randomly re-initialised: {shown}. "
                 "If it is a stock LLaVA checkpoint, convert it with `llava-normaligned convert --from-llava`; "
                 "pass allow_missing_weights=True to load anyway."
+            )
+        if any(_is_norm_key(k) for k in info.get("missing_keys", ())):
+            logger.warning(
+                "checkpoint %r has no projector norm weights: the norm was initialised (norm_init=%r, gain %.4g)",
+                args[0] if args else kwargs.get("pretrained_model_name_or_path"),
+                model.config.norm_init,
+                float(model._projector_norm().weight.detach().float().abs().mean()),
             )
         return (model, info) if want_info else model
 

@@ -11,18 +11,21 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import (
+    AutoImageProcessor,
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
     AutoProcessor,
-    LlavaConfig,
-    LlavaForConditionalGeneration,
+    CLIPConfig,
+    CLIPModel,
     LlavaProcessor,
+    SiglipConfig,
+    SiglipModel,
 )
 
 from isolation import run_isolated
 from llava_normaligned.cli import main as cli_main
-from llava_normaligned.compose import compose, convert_from_llava, save
+from llava_normaligned.compose import compose, convert_from_llava, input_embedding_weight, save, stock_llava_like
 from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, save_tiny_parts
 from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, text_embedding_norm_target
 
@@ -150,6 +153,50 @@ def test_compose_text_model_without_usable_embeddings(tiny_parts, tmp_path):
         compose(vision_dir, str(broken))
 
 
+@pytest.mark.parametrize(
+    "dual_cls, config_cls, strategy", [(SiglipModel, SiglipConfig, "full"), (CLIPModel, CLIPConfig, "default")]
+)
+def test_compose_from_a_dual_encoder_checkpoint(tiny_parts, tmp_path, dual_cls, config_cls, strategy):
+    """The paper's google/siglip-so400m-patch14-384 is a SiglipModel (text + vision): compose keeps its vision half."""
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                  patch_size=8)
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+                max_position_embeddings=16)
+    torch.manual_seed(0)
+    dual = dual_cls(config_cls(vision_config=vision, text_config=text))
+    dual.save_pretrained(tmp_path / "dual")
+    AutoImageProcessor.from_pretrained(tiny_parts[0]).save_pretrained(tmp_path / "dual")
+    model, processor = compose(str(tmp_path / "dual"), tiny_parts[1])
+    assert model.config.vision_feature_select_strategy == strategy
+    for name, param in dual.vision_model.state_dict().items():
+        assert torch.equal(model.model.vision_tower.state_dict()[name], param), name
+    with torch.no_grad():
+        model(**_inputs(processor))
+
+
+def test_text_model_without_input_embeddings_is_a_clear_error():
+    class NoEmbeddings(torch.nn.Module):
+        def get_input_embeddings(self):
+            return None
+
+    with pytest.raises(ValueError, match="'some/lm' has no input embeddings"):
+        input_embedding_weight(NoEmbeddings(), "some/lm")
+
+
+def test_compose_keeps_a_bf16_lm_in_bf16(tmp_path):
+    vision_dir, text_dir = save_tiny_parts(tmp_path / "parts")
+    lm = AutoModelForCausalLM.from_pretrained(text_dir).to(torch.bfloat16)
+    lm.save_pretrained(text_dir)
+    model, processor = compose(vision_dir, text_dir)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    save(model, processor, str(tmp_path / "out"))
+    reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "out")
+    assert {p.dtype for p in reloaded.parameters()} == {torch.bfloat16}
+    # asking for a dtype wins
+    model32, _ = compose(vision_dir, text_dir, dtype=torch.float32)
+    assert {p.dtype for p in model32.parameters()} == {torch.float32}
+
+
 def test_compose_cli(tiny_parts, tmp_path):
     out = tmp_path / "cli"
     code = cli_main(["compose", "--vision-model", tiny_parts[0], "--text-model", tiny_parts[1],
@@ -167,11 +214,7 @@ def test_compose_cli(tiny_parts, tmp_path):
 def stock_llava_dir(tiny_model_dir, tmp_path):
     """A stock LlavaForConditionalGeneration with the tiny model's parts, saved by transformers (legacy keys)."""
     ours = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)
-    fields = LlavaConfig().to_dict()
-    stock_config = LlavaConfig(**{k: v for k, v in ours.config.to_dict().items() if k in fields})
-    stock = LlavaForConditionalGeneration(stock_config)
-    state = {k: v for k, v in ours.state_dict().items() if "multi_modal_projector.norm." not in k}
-    stock.load_state_dict(state, strict=True)
+    stock = stock_llava_like(ours)
     torch.manual_seed(1)
     with torch.no_grad():  # a trained-looking projector, distinct from the composed init
         for p in stock.model.multi_modal_projector.parameters():
