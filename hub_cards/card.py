@@ -26,6 +26,8 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from llava_normaligned.inference import KEEP_UNQUANTIZED
 
+from .selfcheck import TOKEN_PATTERN, hide_local_paths, remote_code_files, require_model_folder, safetensors_header
+
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "modelcard.md"
 PAPER_ARXIV = "2512.08374"
 BIBTEX = """@article{li2025unseenbias,
@@ -42,8 +44,17 @@ NORM_BIAS = "model.multi_modal_projector.norm.bias"
 EMBED_WEIGHT = "model.language_model.embed_tokens.weight"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
-SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential|authorization", re.IGNORECASE)
-MAX_ROWS = 40
+# Keys whose values are never shown, matched whole (case-insensitive): "token" would also match
+# `image_tokens_per_image` or `num_input_tokens_seen` as a substring. Values are scanned for token shapes as well.
+SECRET_KEYS = frozenset({
+    "token", "hub_token", "hf_token", "access_token", "auth_token", "api_token", "api_key", "apikey",
+    "wandb_api_key", "password", "passwd", "secret", "secret_key", "client_secret", "private_key", "authorization",
+    "credentials",
+})
+MAX_ROWS = 60  # of a table built from a JSON record; the rest is counted in a last row
+BASE_MODEL_RELATIONS = ("adapter", "merge", "quantized", "finetune")  # the Hub's values of base_model_relation
+# Data files, not Hub datasets, when a training source looks like "namespace/name".
+DATA_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".arrow", ".csv", ".tsv", ".txt", ".zip", ".tar", ".gz")
 RATIO_KEY = "vision_text_norm_ratio"  # diagnostics.json: mean norm of the visual tokens entering the LLM / T
 
 
@@ -53,9 +64,11 @@ class CardOptions:
 
     repo_id: str | None = None  # "namespace/name" for the usage snippets and the title
     revision: str | None = None  # the commit the usage snippets pin
+    branch: str | None = None  # the branch the card is pushed to: what the snippets name while no commit is pinned
     license: str | None = None  # a Hub license id (apache-2.0, llama3.2, other, ...)
     datasets: tuple[str, ...] = ()  # Hub dataset ids, added to those in training_summary.json
-    base_models: tuple[str, ...] = ()  # Hub model ids; default: the vision encoder's and the LLM's, from config.json
+    base_models: tuple[str, ...] = ()  # Hub model ids; default: the LLM's, from config.json (see card_metadata)
+    base_model_relation: str | None = None  # one of BASE_MODEL_RELATIONS; default: see card_metadata
     tags: tuple[str, ...] = ()
     diagnostics_dir: str | None = None  # default <folder>/diagnostics
     eval_dir: str | None = None  # default <folder>/eval
@@ -95,12 +108,8 @@ class Checkpoint:
 
 def read_checkpoint(folder: str | os.PathLike, options: CardOptions | None = None) -> Checkpoint:
     options = options or CardOptions()
-    from .selfcheck import remote_code_files, safetensors_header
-
     folder = Path(folder)
-    config = _read_json(folder / "config.json")
-    if config is None:
-        raise ValueError(f"{folder}: no config.json (expected a checkpoint folder written by save_pretrained)")
+    config = _read_json(require_model_folder(folder))  # a PEFT adapter folder is refused with the way to publish it
     weight_files, shapes = {}, {}
     for shard in sorted(folder.glob("*.safetensors")):
         for name, info in safetensors_header(shard).items():
@@ -163,21 +172,68 @@ def _cells(rows):
     return [tuple(str(cell).replace("|", "\\|") for cell in row) for row in rows]
 
 
+def public(text: str) -> str:
+    """What a card may print of a recorded value: no token, no absolute local path (only its last component)."""
+    return hide_local_paths(TOKEN_PATTERN.sub("hf_***", text))
+
+
 def flat_rows(data, prefix: str = "") -> list[tuple[str, str]]:
-    """(dotted key, formatted value) for every scalar or list of scalars in nested dicts; secret-like keys redacted."""
+    """(dotted key, public value) for every scalar or list of scalars in nested dicts; secret keys redacted."""
     rows = []
     if isinstance(data, dict):
         for key, value in data.items():
             label = f"{prefix}.{key}" if prefix else str(key)
-            if SECRET_KEY.search(str(key)):
+            if str(key).lower() in SECRET_KEYS:
                 rows.append((label, "(redacted)"))
             elif isinstance(value, dict):
                 rows += flat_rows(value, label)
             elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
                 rows.append((label, f"({len(value)} records)"))
             else:
-                rows.append((label, _fmt(value)))
-    return rows[:MAX_ROWS]
+                rows.append((label, public(_fmt(value))))
+    return rows
+
+
+def capped(rows: list[tuple[str, str]], source: str, limit: int = MAX_ROWS) -> list[tuple[str, str]]:
+    """At most ``limit`` rows; the last one says how many more ``source`` holds."""
+    if len(rows) <= limit:
+        return rows
+    return rows[: limit - 1] + [("...", f"{len(rows) - limit + 1} more rows in `{source}`")]
+
+
+def _select(data, dotted: str):
+    for key in dotted.split("."):
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+# The parts of training_summary.json (written by trainer/train.py `_summary`) the card shows, in this order. Each
+# names a value or a subtree (flattened to dotted rows). The rest (optimizer groups, the frozen tensors, the command
+# line) stays in the published file, and the card counts it.
+TRAINING_FIELDS = (
+    "stage", "variant", "learning_rates", "freeze.trainable_params",
+    "data.load.sources", "data.load.rows_read", "data.load.rows_kept", "data.load.bad_rows_skipped",
+    "data.load.bad_images_skipped", "data.prepare.rows_out", "data.prepare.too_long_dropped",
+    "data.prepare.text_only_dropped", "data.prepare.image_tokens_per_image", "data.prepare.longest_row_tokens",
+    "data.rows_skipped_in_training",
+    "training", "metrics",
+    "norm.start.vision_text_ratio", "norm.end.vision_text_ratio", "norm.gain_statistics",  # paper Table 5
+    "peft.r", "peft.lora_alpha", "peft.use_dora", "peft.use_rslora", "peft.target_modules", "peft.modules_to_save",
+    "versions",
+)
+
+
+def training_rows(summary: dict) -> tuple[list[tuple[str, str]], int]:
+    """(rows of the card's Training table, how many fields of the summary they leave out)."""
+    rows = []
+    for dotted in TRAINING_FIELDS:
+        value = _select(summary, dotted)
+        if value is not None:
+            rows += flat_rows({dotted: value})
+    left_out = max(len(flat_rows(summary)) - len(rows), 0)
+    return capped(rows, "training_summary.json", limit=MAX_ROWS + 20), left_out
 
 
 def _part(sub: dict, fallback: str) -> dict:
@@ -311,10 +367,11 @@ def tracking_table(tracking) -> tuple[list[str], list[list[str]], int]:
 
 def embedded_markdown(path: Path, link_prefix: str) -> str | None:
     """A generated Markdown report placed under a card section: headings demoted two levels, relative links
-    pointed at the folder the report is published in."""
+    pointed at the folder the report is published in, absolute local paths cut to their last component."""
     text = _read_text(path)
     if text is None:
         return None
+    text = public(text)
     text = re.sub(r"^(#{1,4}) ", lambda m: "#" * min(len(m.group(1)) + 2, 6) + " ", text, flags=re.MULTILINE)
     return re.sub(r"\]\((?![a-z]+:|/|#)([^)]+)\)", lambda m: f"]({link_prefix}/{m.group(1)})", text).strip()
 
@@ -341,26 +398,53 @@ def package_version() -> str:
         return "(not installed)"
 
 
-def card_metadata(ckpt: Checkpoint, options: CardOptions) -> ModelCardData:
-    cfg = ckpt.config
-    base = list(options.base_models) or [
-        i for i in (_part(cfg.get("vision_config", {}), "")["id"], _part(cfg.get("text_config", {}), "")["id"]) if i
+def _strings(value) -> list[str]:
+    return [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(
+        value, list) else []
+
+
+def training_datasets(training: dict) -> list[str]:
+    """Hub dataset ids a training summary names.
+
+    ``train`` records what it loaded in ``data.load.sources``: a LLaVA JSON file, a local dataset folder or a Hub
+    dataset id. A source counts as a Hub id when it reads as ``namespace/name``, is not a data file name and is not a
+    folder here; ``data.load.hub_ids`` (or a top-level ``datasets``), when a summary records them, are taken as
+    they are."""
+    explicit = _strings(_select(training, "data.load.hub_ids")) + _strings(training.get("datasets"))
+    guessed = [
+        name for name in _strings(_select(training, "data.load.sources"))
+        if hub_id(name) and not name.lower().endswith(DATA_FILE_SUFFIXES) and not os.path.exists(name)
     ]
-    datasets = list(options.datasets)
-    training = ckpt.training or {}
-    for key in ("datasets", "dataset", "dataset_name"):
-        value = training.get(key)
-        for name in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
-            if hub_id(name) and name not in datasets:
-                datasets.append(name)
+    return [name for name in dict.fromkeys(explicit + guessed) if hub_id(name)]
+
+
+def card_metadata(ckpt: Checkpoint, options: CardOptions) -> ModelCardData:
+    """The card's YAML metadata.
+
+    ``base_model``: ``--base-model`` ids, or the LLM's Hub id from ``config.json``. The Hub reads several base
+    models as a merge of them (its relations are adapter, merge, quantized, finetune), which a LLaVA is not; the
+    LLM is the model the checkpoint continues to train (``base_model_relation: finetune`` once a training record
+    says it was trained; left to the Hub for an untrained composition), and the vision encoder is named in the
+    card's Model table. ``--base-model-relation`` sets the relation for a list given by hand."""
+    cfg = ckpt.config
+    training = ckpt.training if isinstance(ckpt.training, dict) else {}
+    if options.base_models:
+        base, relation = list(options.base_models), options.base_model_relation
+    else:
+        llm = _part(cfg.get("text_config", {}), "")["id"]
+        base = [llm] if llm else []
+        relation = options.base_model_relation or ("finetune" if base and ckpt.training else None)
+    datasets = list(dict.fromkeys(list(options.datasets) + training_datasets(training)))
     tags = list(BASE_TAGS) + (["trl", "sft"] if ckpt.training else []) + list(options.tags)
+    extra = {"base_model_relation": relation} if base and relation else {}
     return ModelCardData(
         library_name="transformers",
         pipeline_tag="image-text-to-text",
         base_model=base or None,
         datasets=datasets or None,
-        license=options.license or training.get("license"),
+        license=options.license or (training.get("license") if isinstance(training.get("license"), str) else None),
         tags=list(dict.fromkeys(tags)),
+        **extra,
     )
 
 
@@ -374,6 +458,7 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
     cfg = ckpt.config
     norm_rows, _ = norm_statistics(ckpt)
     columns, tracking_rows, tracking_count = tracking_table(ckpt.tracking)
+    trained_rows, trained_left_out = training_rows(ckpt.training) if isinstance(ckpt.training, dict) else ([], 0)
     diag_json = _read_json(ckpt.diagnostics_dir / "diagnostics.json") if ckpt.diagnostics_dir else None
     eval_json = _read_json(ckpt.eval_dir / "results.json") if ckpt.eval_dir else None
     projector = ("a 2-layer MLP projector with a norm-aligning LayerNorm" if cfg.get("projector_norm") == "layernorm"
@@ -382,6 +467,7 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
         title=options.repo_id.split("/")[-1] if options.repo_id else ckpt.folder.resolve().name,
         repo_id=options.repo_id or "<namespace>/<name>",
         revision=options.revision,
+        branch=options.branch or "main",
         trained=ckpt.training is not None,
         vision=_part(cfg.get("vision_config", {}), "vision encoder"),
         text=_part(cfg.get("text_config", {}), "language model"),
@@ -390,17 +476,18 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
         architecture=_cells(architecture_rows(ckpt)),
         norm_rows=_cells(norm_rows),
         norm_sources="and `diagnostics/diagnostics.json`" if measured_ratios(ckpt) else "",
-        training_rows=_cells(flat_rows(ckpt.training)) if ckpt.training else [],
+        training_rows=_cells(trained_rows),
+        training_left_out=trained_left_out,
         tracking_columns=columns,
         tracking_rows=_cells(tracking_rows),
         tracking_count=tracking_count,
         diagnostics_dir="diagnostics",
         diagnostics_md=embedded_markdown(ckpt.diagnostics_dir / "summary.md", "diagnostics")
         if ckpt.diagnostics_dir else None,
-        diagnostics_rows=_cells(flat_rows(diag_json)),
+        diagnostics_rows=_cells(capped(flat_rows(diag_json), "diagnostics/diagnostics.json")),
         eval_dir="eval",
         eval_md=embedded_markdown(ckpt.eval_dir / "results.md", "eval") if ckpt.eval_dir else None,
-        eval_rows=_cells(flat_rows(eval_json)),
+        eval_rows=_cells(capped(flat_rows(eval_json), "eval/results.json")),
         remote_code=remote_code_rows(ckpt),
         quant_skip_modules=json.dumps(list(KEEP_UNQUANTIZED)),  # the modules `generate --quantization` keeps
         bibtex=BIBTEX,
@@ -411,9 +498,14 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
 
 
 def check_card(card: ModelCard) -> None:
-    """Local checks of the card's metadata (the Hub's own validation runs on push, or with ``card.validate()``).
+    """Local checks of the card's metadata, which need no network. Raises ``ValueError`` listing every problem.
 
-    Raises ``ValueError`` listing every problem.
+    What is checked: the YAML block parses back, with ``huggingface_hub``'s own parser (``ModelCard`` ->
+    ``ModelCardData``, which refuses a malformed ``model-index``), to the metadata it was rendered from; the fields
+    this package sets (``library_name``, ``pipeline_tag``); that base models and datasets read as ``namespace/name``
+    ids, that the relation is one of the Hub's four, and that the license is shaped like a Hub license id. What is
+    not: whether those ids exist, and whether the license id is on the Hub's list. Only the Hub knows; it checks on
+    every commit of README.md, and ``card --validate`` asks it (``/api/validate-yaml``) without committing.
     """
     problems = []
     reparsed = ModelCard(str(card)).data.to_dict()  # the YAML block parses back to what was written
@@ -427,6 +519,9 @@ def check_card(card: ModelCard) -> None:
         for name in reparsed.get(key) or []:
             if not hub_id(name):
                 problems.append(f"{key}: {name!r} is not a Hub repo id (namespace/name)")
+    relation = reparsed.get("base_model_relation")
+    if relation is not None and relation not in BASE_MODEL_RELATIONS:
+        problems.append(f"base_model_relation: {relation!r} is not one of {list(BASE_MODEL_RELATIONS)}")
     license_id = reparsed.get("license")
     if license_id is not None and not (isinstance(license_id, str) and LICENSE_ID.match(license_id)):
         problems.append(f"license: {license_id!r} is not a Hub license id (lower case, e.g. 'apache-2.0')")
@@ -445,18 +540,21 @@ def add_card_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--license", default=None, help="Hub license id of the weights (e.g. apache-2.0, llama3.2)")
     group.add_argument("--dataset", action="append", default=[], help="Hub dataset id trained on (repeatable)")
     group.add_argument("--base-model", action="append", default=[],
-                       help="Hub model id of a base model (repeatable; default: the ids in config.json)")
+                       help="Hub model id of a base model (repeatable; default: the LLM's id in config.json)")
+    group.add_argument("--base-model-relation", choices=BASE_MODEL_RELATIONS, default=None,
+                       help="how the model derives from the base model(s) (default: finetune for a trained "
+                       "checkpoint and the LLM from config.json; unset for --base-model lists)")
     group.add_argument("--tag", action="append", default=[], help="extra tag (repeatable)")
     group.add_argument("--diagnostics", default=None, metavar="DIR",
                        help="diagnose output to report (default: DIR/diagnostics)")
     group.add_argument("--eval", default=None, metavar="DIR", help="eval output to report (default: DIR/eval)")
 
 
-def card_options(args, repo_id=None, revision=None) -> CardOptions:
+def card_options(args, repo_id=None, revision=None, branch=None) -> CardOptions:
     return CardOptions(
-        repo_id=repo_id, revision=revision, license=args.license, datasets=tuple(args.dataset),
-        base_models=tuple(args.base_model), tags=tuple(args.tag), diagnostics_dir=args.diagnostics,
-        eval_dir=args.eval,
+        repo_id=repo_id, revision=revision, branch=branch, license=args.license, datasets=tuple(args.dataset),
+        base_models=tuple(args.base_model), base_model_relation=args.base_model_relation, tags=tuple(args.tag),
+        diagnostics_dir=args.diagnostics, eval_dir=args.eval,
     )
 
 
@@ -476,15 +574,31 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def validate_on_hub(card: ModelCard) -> str | None:
+    """Ask the Hub (``HF_ENDPOINT``) to validate the card's metadata. None if it accepts it, else why not: its
+    refusal, or the HTTP or network error that kept it from answering."""
+    from huggingface_hub import constants
+
+    try:
+        card.validate()
+    except ValueError as error:  # the Hub answered 400: the metadata is refused
+        return f"the Hub refused the metadata: {error}"
+    except Exception as error:  # noqa: BLE001  (HTTP errors, no network, a wrong HF_ENDPOINT: all reported)
+        return f"could not validate with the Hub at {constants.ENDPOINT}: {type(error).__name__}: {error}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
         card = render_card(args.folder, card_options(args, args.repo_id, args.revision))
         check_card(card)
-        if args.validate:
-            card.validate()
     except ValueError as error:
         print(f"llava-normaligned card: {error}", file=sys.stderr)
+        return 1
+    problem = validate_on_hub(card) if args.validate else None
+    if problem is not None:
+        print(f"llava-normaligned card: {TOKEN_PATTERN.sub('hf_***', problem)}", file=sys.stderr)
         return 1
     if args.output == "-":
         sys.stdout.write(str(card))

@@ -4,10 +4,14 @@
     llava-normaligned pull me/llava-na-3b [--revision REV] [--local-dir DIR]
 
 ``push`` checks the folder first (``selfcheck``: safetensors only, remote code that imports only torch and
-transformers, no token in any file, loads in a fresh process without this package), renders the model card, and
-uploads everything in ONE commit: a push that fails midway leaves the repo as it was. A second, README-only commit
-then pins the card's usage snippets to the first commit's hash. Both talk to the Hub through ``huggingface_hub``,
-which takes the endpoint from ``HF_ENDPOINT`` and the token from ``HF_TOKEN`` (or ``hf auth login``).
+transformers, no token in any file, the files to upload load in a fresh process without this package), renders the
+model card, and uploads everything in ONE commit: a push that fails midway leaves the repo as it was, and a repo or
+branch that the push created for that commit is deleted again. A second, README-only commit then pins the card's
+usage snippets to the first commit's hash. Both talk to the Hub through ``huggingface_hub``, which takes the
+endpoint from ``HF_ENDPOINT`` and the token from ``HF_TOKEN`` (or ``hf auth login``).
+
+``pull`` downloads one commit, never a pickle file (whatever the case of its suffix), and lists the remote code it
+holds: the sha256 of every Python file, and every ``auto_map`` entry that points into another repo.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError
 
 from .card import CardOptions, add_card_options, card_options, check_card, package_version, render_card
 from .selfcheck import (
@@ -31,8 +36,11 @@ from .selfcheck import (
     RECORD_PATTERNS,
     SelfCheckError,
     UploadPlan,
+    auto_map_entries,
     find_secrets,
+    is_cross_repo,
     known_tokens,
+    local_path_warnings,
     scrub,
     self_check,
 )
@@ -42,7 +50,15 @@ logger = logging.getLogger(__name__)
 # Files in the repo that a push replaces wholesale: weights left over from an earlier push (say, shards of a
 # different count) are deleted in the same commit, so the repo never mixes two checkpoints.
 MANAGED_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
-PICKLE_PATTERNS = [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
+
+
+def _any_case(suffix: str) -> str:
+    """A glob matching ``suffix`` in any case (``.bin`` -> ``*.[bB][iI][nN]``): the Hub client's filters are
+    case-sensitive, and ``MODEL.BIN`` unpickles like ``model.bin``."""
+    return "*" + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in suffix)
+
+
+PICKLE_PATTERNS = [_any_case(suffix) for suffix in PICKLE_SUFFIXES]
 
 
 class HubTransferError(RuntimeError):
@@ -66,6 +82,7 @@ class PushResult:
     uploaded: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # also logged: local paths in uploaded records, ...
 
 
 def _check_repo_id(repo_id: str) -> None:
@@ -135,9 +152,11 @@ def push(
     """Check ``folder``, then upload it with its model card to ``repo_id`` (created if missing) in one commit.
 
     ``revision``: the branch to commit to (created from main if missing; default main). ``token`` / ``endpoint``:
-    default ``HF_TOKEN`` (or the saved login) / ``HF_ENDPOINT``. ``check_load=False`` skips the fresh-process load
-    (the static checks always run). ``pin_card``: follow with a README-only commit whose usage snippets pin the
-    model commit's hash. Raises ``SelfCheckError`` (the folder) or ``PushError`` (the Hub), both without tokens.
+    default ``HF_TOKEN`` (or the saved login) / ``HF_ENDPOINT``. ``include``: extra file patterns to upload.
+    ``check_load=False`` skips the fresh-process load (the static checks always run). ``pin_card``: follow with a
+    README-only commit whose usage snippets pin the model commit's hash. Raises ``SelfCheckError`` (the folder) or
+    ``PushError`` (the Hub), both without tokens. A repo or branch created by this call is deleted again when the
+    commit fails, so that a failed push leaves nothing behind.
     """
     _check_repo_id(repo_id)
     _check_branch(revision)
@@ -145,17 +164,22 @@ def push(
     tokens = known_tokens(token)
     plan = self_check(folder, include=include, tokens=tokens, load=check_load)
     files = upload_files(plan, options)
-    find_secrets([f for p, f in files.items() if p not in plan.upload], tokens)  # --diagnostics / --eval files
-    card_options_ = dataclasses.replace(options, repo_id=repo_id, revision=None)
+    external = {p: f for p, f in files.items() if p not in plan.upload}  # --diagnostics / --eval files
+    find_secrets(list(external.values()), tokens)
+    warnings = plan.warnings + local_path_warnings(external)
+    for warning in warnings[len(plan.warnings):]:
+        logger.warning("%s", warning)
+    branch = revision or "main"
+    card_options_ = dataclasses.replace(options, repo_id=repo_id, revision=None, branch=branch)
     card = render_card(plan.folder, card_options_)
     check_card(card)
     if scrub(str(card), tokens) != str(card):  # every source file was scanned; the card is checked all the same
         raise SelfCheckError("the rendered model card holds what looks like a Hugging Face access token")
-    branch = revision or "main"
     message = commit_message or f"Upload {plan.folder.resolve().name} with llava-normaligned {package_version()}"
     api = HfApi(endpoint=endpoint, token=token)
+    created = _Created()
     try:
-        head = _prepare_repo(api, repo_id, private, branch)
+        head = _prepare_repo(api, repo_id, private, branch, created)
         existing = api.list_repo_files(repo_id, revision=head)
         deleted = _stale(existing, set(files))
         operations = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(f)) for p, f in sorted(files.items())]
@@ -165,21 +189,66 @@ def push(
         commit = api.create_commit(repo_id, operations, commit_message=message, revision=branch, parent_commit=head)
     except Exception as error:  # HTTP errors, refused metadata, network: scrubbed, and the chain dropped
         reason = scrub(_describe(error), tokens)
-        raise PushError(f"push to {repo_id} failed, nothing was committed: {reason}") from None
+        undone = scrub(_undo(api, repo_id, branch, created), tokens)
+        raise PushError(f"push to {repo_id} failed, nothing was committed{undone}: {reason}") from None
     card_commit = _pin_card(api, plan.folder, repo_id, branch, commit.oid, card_options_, tokens) if pin_card else None
-    return PushResult(repo_id, commit.oid, card_commit, branch, sorted(files) + ["README.md"], deleted, plan.skipped)
+    return PushResult(repo_id, commit.oid, card_commit, branch, sorted(files) + ["README.md"], deleted, plan.skipped,
+                      warnings)
 
 
-def _prepare_repo(api: HfApi, repo_id: str, private: bool, branch: str) -> str:
-    """Create the repo (and branch) if missing; return the branch's head commit."""
-    api.create_repo(repo_id, private=private, exist_ok=True)
+@dataclass
+class _Created:
+    """What ``_prepare_repo`` created, so that a failed push can delete it again."""
+
+    repo: bool = False
+    branch: bool = False
+
+
+def _status(error: Exception) -> int | None:
+    response = getattr(error, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _prepare_repo(api: HfApi, repo_id: str, private: bool, branch: str, created: _Created) -> str:
+    """Create the repo (and branch) if missing, noting in ``created`` what this call created; return the branch's
+    head commit. Creation is asked with ``exist_ok=False``: a 409 answer, not a prior look-up, says the repo (or
+    branch) was there before, so that a repo someone else creates meanwhile is never taken for ours."""
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=False)
+        created.repo = True
+    except HfHubHTTPError as error:
+        # 409: it exists. 401/402/403: no right to create repos here, which is fine if it exists (as the Hub client
+        # itself decides with exist_ok=True); the commit then says whether we may write to it.
+        exists = _status(error) == 409 or (_status(error) in (401, 402, 403) and api.repo_exists(repo_id))
+        if not exists:
+            raise
     info = api.repo_info(repo_id)
     if private and not info.private:
         logger.warning("%s already exists and is public: --private does not change an existing repo", repo_id)
     if branch != "main":
-        api.create_branch(repo_id, branch=branch, exist_ok=True)
+        try:
+            api.create_branch(repo_id, branch=branch, exist_ok=False)
+            created.branch = True
+        except HfHubHTTPError as error:
+            if _status(error) != 409:
+                raise
         info = api.repo_info(repo_id, revision=branch)
     return info.sha
+
+
+def _undo(api: HfApi, repo_id: str, branch: str, created: _Created) -> str:
+    """Delete what a failed push created; the words to add to its error message."""
+    try:
+        if created.repo:
+            api.delete_repo(repo_id)
+            return " (the repo it had created was deleted again)"
+        if created.branch:
+            api.delete_branch(repo_id, branch=branch)
+            return f" (the branch {branch!r} it had created was deleted again)"
+    except Exception as error:  # noqa: BLE001  (reported with the push's own error)
+        what = f"repo {repo_id}" if created.repo else f"branch {branch!r}"
+        return f"; the {what} it created could not be deleted, delete it by hand ({_describe(error)})"
+    return ""
 
 
 def _pin_card(api, folder, repo_id, branch, commit, options, tokens) -> str | None:
@@ -211,6 +280,7 @@ class PullResult:
     commit: str
     skipped_pickles: list[str]
     remote_code: list[tuple[str, str, bool]]  # (file, sha256, identical to the installed package's file)
+    cross_repo_code: list[tuple[str, str, str]] = field(default_factory=list)  # (config file, Auto class, reference)
 
 
 def pull(
@@ -224,7 +294,9 @@ def pull(
     """Download ``repo_id`` at ``revision`` (branch, tag or commit; default main), pickle files excluded.
 
     The revision is resolved to a commit hash first, so every file comes from that one commit. Returns the local
-    path (``local_dir`` or the Hub cache) and the commit.
+    path (``local_dir`` or the Hub cache), the commit, the pickles left on the Hub, and the remote code to review:
+    every Python file in the download (sha256, and whether it is the installed package's), and every ``auto_map``
+    entry of its configs that points into another repo (code that ``trust_remote_code`` would fetch from there).
     """
     _check_repo_id(repo_id)
     tokens = known_tokens(token)
@@ -236,19 +308,23 @@ def pull(
                                  ignore_patterns=PICKLE_PATTERNS)
     except Exception as error:
         raise PullError(f"pull of {repo_id} failed: {scrub(_describe(error), tokens)}") from None
-    return PullResult(path, commit, pickles, _remote_code(Path(path)))
+    folder = Path(path)
+    cross_repo = [entry for entry in auto_map_entries(folder) if is_cross_repo(entry[2])]
+    return PullResult(path, commit, pickles, _remote_code(folder), cross_repo)
 
 
 def _remote_code(folder: Path) -> list[tuple[str, str, bool]]:
+    """(path, sha256, identical to the installed package's file) of every Python file anywhere in ``folder``."""
     import modeling_llava_normaligned
 
     shipped_dir = Path(modeling_llava_normaligned.__file__).parent
     rows = []
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(p for p in folder.rglob("*.py") if ".cache" not in p.relative_to(folder).parts):
+        name = path.relative_to(folder).as_posix()
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        shipped = shipped_dir / path.name
+        shipped = shipped_dir / name
         same = shipped.is_file() and hashlib.sha256(shipped.read_bytes()).hexdigest() == digest
-        rows.append((path.name, digest, same))
+        rows.append((name, digest, same))
     return rows
 
 
@@ -286,7 +362,7 @@ def push_main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             plan = self_check(args.folder, include=tuple(args.include), tokens=known_tokens(args.token),
                               load=not args.skip_load_check)
-            card = render_card(plan.folder, dataclasses.replace(options, repo_id=args.repo_id))
+            card = render_card(plan.folder, dataclasses.replace(options, repo_id=args.repo_id, branch=args.revision))
             check_card(card)
             print(plan.summary())
             print("  + README.md (rendered model card)\ndry run: nothing uploaded")
@@ -336,5 +412,8 @@ def pull_main(argv: list[str] | None = None) -> int:
         note = (f"identical to llava-normaligned {package_version()}'s" if same
                 else "NOT the installed package's: review it")
         print(f"  remote code {name} sha256 {digest} ({note})")
+    for config_name, auto_class, reference in result.cross_repo_code:
+        print(f"  WARNING {config_name}: auto_map[{auto_class!r}] = {reference!r} points into another repo: "
+              "trust_remote_code would download and run that repo's code too; review it or do not trust remote code")
     print(f'load it with: from_pretrained("{result.path}", trust_remote_code=True)')
     return 0

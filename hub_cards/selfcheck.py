@@ -1,18 +1,23 @@
-"""Is a checkpoint folder fit to publish? Decide what to upload, then check it stands on its own.
+"""Is a checkpoint folder fit to publish? Decide what to upload, then check that it stands on its own.
 
 A folder is published only if someone who has torch and transformers, but not this package, can load it with
 ``trust_remote_code=True``. So, before anything is uploaded:
 
 1. ``plan_upload``: pick the files a user needs (weights, config, remote code, processor, tokenizer, chat template,
    training and evaluation records) and leave out training state (``checkpoint-*``, optimizer states,
-   ``training_args.bin``, ...). Pickled weights are refused: weights travel only as safetensors.
-2. ``check_weights``: every safetensors file parses, and a sharded index names only shards that are there.
-3. ``check_remote_code``: ``config.json`` maps the Auto classes to files that are uploaded, and those files import
-   nothing but torch, transformers, the standard library and each other.
-4. ``find_secrets``: no Hub access token in any uploaded file.
-5. ``check_loads``: a fresh Python process in which this package cannot be imported loads the folder with
-   ``AutoModelForImageTextToText`` and ``AutoProcessor`` (``trust_remote_code=True``), with no missing, unexpected
-   or mismatched weights.
+   ``training_args.bin``, ...). Pickled weights are refused: weights travel only as safetensors. A PEFT adapter
+   folder is refused with the way to publish its merged model.
+2. ``check_weights``: every safetensors file parses, and a sharded index names only shards that are uploaded.
+3. ``check_remote_code``: the ``auto_map`` of every ``*config.json`` (model, tokenizer, processor) points at
+   uploaded files and classes, never into another repo, and those files import nothing but torch, transformers,
+   the standard library and each other.
+4. ``find_secrets``: no Hub access token in any uploaded file (every byte of every file is scanned; of a
+   safetensors file, its header, the only part that can hold text).
+5. ``local_path_warnings``: the records (``training_summary.json``, ``diagnostics/``, ``eval/``) that name absolute
+   local paths are reported: they would publish the folder layout of the machine they were written on.
+6. ``check_loads``: exactly the files to upload, staged in a scratch folder, load in a fresh Python process in which
+   this package cannot be imported (``run_without_package``) with ``AutoModelForImageTextToText`` and
+   ``AutoProcessor`` (``trust_remote_code=True``), with no missing, unexpected or mismatched weights.
 """
 
 from __future__ import annotations
@@ -20,23 +25,29 @@ from __future__ import annotations
 import ast
 import fnmatch
 import json
+import logging
 import os
 import re
 import struct
 import subprocess
 import sys
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------------------ what is uploaded
 
 # Files a user of the model needs, as patterns on the path relative to the folder (posix separators).
 MODEL_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
+# The processor's and tokenizer's files, under every name transformers' tokenizers save them as.
 PROCESSOR_PATTERNS = (
     "processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
+    "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+    "*.tiktoken",
     "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja",
 )
 # Records the model card is rendered from: published with the weights so that readers can check the card's numbers.
@@ -53,19 +64,15 @@ TRAINING_STATE_PATTERNS = (
 )
 # Replaced by the rendered card, or Hub / cache bookkeeping.
 REPLACED_OR_BOOKKEEPING = ("README.md", ".gitattributes", ".git", ".cache", ".huggingface")
-# Unpickling runs arbitrary code: files with these suffixes are never published, whatever their name.
+# Unpickling runs arbitrary code: files with these suffixes are never published, whatever their name or case.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
 SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024
 
 # Remote code may import these (and the standard library, and its sibling files): nothing else is sure to be there.
 ALLOWED_IMPORT_ROOTS = frozenset({"torch", "transformers"})
-# Packages hidden from the load check's process, so that only the folder's own files can serve the model.
+# Packages hidden from the fresh process, so that only the folder's own files can serve the model.
 HIDDEN_PACKAGES = ("modeling_llava_normaligned", "llava_normaligned")
 REQUIRED_AUTO_CLASSES = ("AutoConfig", "AutoModelForImageTextToText")
-
-# A Hugging Face user access token: "hf_" and 34 letters or digits.
-TOKEN_PATTERN = re.compile(r"\bhf_[A-Za-z0-9]{34}\b")
-TEXT_SUFFIXES = (".json", ".md", ".py", ".jinja", ".txt", ".csv", ".svg", ".model", ".yaml", ".yml")
 
 
 class SelfCheckError(ValueError):
@@ -74,11 +81,13 @@ class SelfCheckError(ValueError):
 
 @dataclass
 class UploadPlan:
-    """What a push uploads from ``folder`` (relative posix paths) and what it leaves out, with the reason."""
+    """What a push uploads from ``folder`` (relative posix paths), what it leaves out (with the reason), and what
+    the checks found worth a warning without refusing the push."""
 
     folder: Path
     upload: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def skipped_summary(self) -> list[tuple[str, str]]:
         """``skipped`` with the files of a left-out folder (``checkpoint-500/...``) folded into one line."""
@@ -106,10 +115,28 @@ def _top(path: str) -> str:
     return path.split("/", 1)[0]
 
 
+def require_model_folder(folder: Path) -> Path:
+    """``folder/config.json``, or a ``SelfCheckError`` that says what the folder is instead (a PEFT adapter: how to
+    publish its merged model)."""
+    config = folder / "config.json"
+    if config.is_file():
+        return config
+    if (folder / "adapter_config.json").is_file():
+        merged = folder / "merged"
+        hint = (f"{merged} holds the merged model: push that folder" if (merged / "config.json").is_file() else
+                "train with --use_peft --merge-adapter, which also writes the merged model to OUTPUT_DIR/merged, "
+                "and push that folder (or merge with peft's merge_and_unload() and save_pretrained)")
+        raise SelfCheckError(
+            f"{folder}: a PEFT adapter (adapter_config.json, no config.json). An adapter repo loads only on top of "
+            f"its base model, which here is a local checkpoint nobody else has; publish the merged model: {hint}"
+        )
+    raise SelfCheckError(f"{folder}: no config.json (expected a checkpoint folder written by save_pretrained)")
+
+
 def plan_upload(folder: str | os.PathLike, include: tuple[str, ...] = ()) -> UploadPlan:
     """Sort the folder's files into uploaded and left out. ``include``: extra patterns to upload.
 
-    Raises ``SelfCheckError`` for a pickle file that would be published (weights must be safetensors).
+    Raises ``SelfCheckError`` for a folder that is not a model, and for a pickle file that would be published.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -132,7 +159,7 @@ def plan_upload(folder: str | os.PathLike, include: tuple[str, ...] = ()) -> Upl
             if path in code:
                 plan.upload.append(path)
             else:
-                plan.skipped.append((path, "not remote code: neither in auto_map nor imported by its files"))
+                plan.skipped.append((path, "not remote code: neither in an auto_map nor imported by its files"))
         elif _matches(path, wanted):
             plan.upload.append(path)
         else:
@@ -140,17 +167,48 @@ def plan_upload(folder: str | os.PathLike, include: tuple[str, ...] = ()) -> Upl
     return plan
 
 
-def remote_code_files(folder: Path) -> set[str]:
-    """The files ``config.json``'s auto_map names, and the sibling files they import, transitively."""
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise SelfCheckError(f"{folder}: no config.json (expected a folder written by save_pretrained)")
+def _read_config(path: Path) -> dict:
     try:
-        auto_map = json.loads(config_path.read_text()).get("auto_map") or {}
-    except json.JSONDecodeError as error:
-        raise SelfCheckError(f"{config_path}: not valid JSON ({error})") from None
-    references = [r[-1] if isinstance(r, list) else r for r in auto_map.values()]
-    pending = [f"{r.rpartition('.')[0]}.py" for r in references if isinstance(r, str) and "--" not in r]
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SelfCheckError(f"{path}: not valid JSON ({error})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def auto_map_entries(folder: Path) -> list[tuple[str, str, str]]:
+    """(config file, Auto class, ``module.Class`` reference) of every ``auto_map`` in the folder's top-level
+    ``*config.json`` files, at any depth (a processor config nests its image processor's). A ``[slow, fast]``
+    tokenizer pair gives one entry per class named."""
+    entries = []
+
+    def walk(node, name):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "auto_map" and isinstance(value, dict):
+                    for auto_class, reference in value.items():
+                        for ref in reference if isinstance(reference, (list, tuple)) else [reference]:
+                            if isinstance(ref, str):
+                                entries.append((name, auto_class, ref))
+                else:
+                    walk(value, name)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, name)
+
+    for path in sorted(folder.glob("*config.json")):
+        walk(_read_config(path), path.name)
+    return entries
+
+
+def is_cross_repo(reference: str) -> bool:
+    """``other/repo--module.Class``: transformers downloads and runs code from ANOTHER repo."""
+    return "--" in reference
+
+
+def remote_code_files(folder: Path) -> set[str]:
+    """The files the auto_maps of the folder's configs name, and the sibling files they import, transitively."""
+    require_model_folder(folder)
+    pending = [f"{ref.rpartition('.')[0]}.py" for _, _, ref in auto_map_entries(folder) if not is_cross_repo(ref)]
     found = set()
     while pending:
         name = pending.pop()
@@ -191,7 +249,7 @@ def check_weights(plan: UploadPlan) -> None:
     for shard in shards:
         safetensors_header(plan.folder / shard)
     for index in (p for p in plan.upload if p.endswith(".safetensors.index.json")):
-        weight_map = json.loads((plan.folder / index).read_text()).get("weight_map", {})
+        weight_map = _read_config(plan.folder / index).get("weight_map", {})
         missing = sorted(set(weight_map.values()) - set(shards))
         if missing:
             raise SelfCheckError(f"{plan.folder / index}: names shard(s) {missing} that are not in the folder")
@@ -215,9 +273,8 @@ def _imports(tree: ast.AST):
 
 
 def check_remote_code(plan: UploadPlan) -> None:
-    """``auto_map`` points at uploaded files and classes, and those files import only what every user has."""
-    config = json.loads((plan.folder / "config.json").read_text())
-    auto_map = config.get("auto_map") or {}
+    """Every ``auto_map`` points at uploaded files and classes, and those files import only what every user has."""
+    auto_map = _read_config(plan.folder / "config.json").get("auto_map") or {}
     missing = [name for name in REQUIRED_AUTO_CLASSES if name not in auto_map]
     if missing:
         raise SelfCheckError(
@@ -233,20 +290,16 @@ def check_remote_code(plan: UploadPlan) -> None:
             trees[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         except SyntaxError as error:
             raise SelfCheckError(f"{path}: does not parse ({error.msg}, line {error.lineno})") from None
-    for auto_class, reference in auto_map.items():
-        reference = reference[-1] if isinstance(reference, list) else reference  # [slow, fast] tokenizer pairs
-        if reference is None:
-            continue
+    for config_name, auto_class, reference in auto_map_entries(plan.folder):
         module, _, class_name = reference.rpartition(".")
-        if "--" in module:
-            raise SelfCheckError(f"config.json: auto_map[{auto_class!r}] = {reference!r} points into another repo")
+        where = f"{plan.folder / config_name}: auto_map[{auto_class!r}] = {reference!r}"
+        if is_cross_repo(reference):
+            raise SelfCheckError(f"{where} points into another repo, whose code trust_remote_code would run")
         if module not in siblings:
-            raise SelfCheckError(
-                f"config.json: auto_map[{auto_class!r}] = {reference!r}, but {module}.py is not in {plan.folder}"
-            )
+            raise SelfCheckError(f"{where}, but {module}.py is not in the folder")
         defined = {n.name for n in trees[f"{module}.py"].body if isinstance(n, ast.ClassDef)}
         if class_name not in defined:
-            raise SelfCheckError(f"{plan.folder / (module + '.py')}: defines no class {class_name} (auto_map)")
+            raise SelfCheckError(f"{where}, but {module}.py defines no class {class_name}")
     for name, tree in trees.items():
         for line, module, level in _imports(tree):
             root = (module or "").split(".")[0]
@@ -265,6 +318,12 @@ def check_remote_code(plan: UploadPlan) -> None:
 
 # ------------------------------------------------------------------------------------------------------- secrets
 
+# A Hugging Face user access token: "hf_" and 34 letters or digits.
+TOKEN_PATTERN = re.compile(r"\bhf_[A-Za-z0-9]{34}\b")
+_TOKEN_BYTES = re.compile(TOKEN_PATTERN.pattern.encode())
+_SCAN_CHUNK = 8 * 1024 * 1024
+_SCAN_OVERLAP = 256  # longer than any token: a token split across two chunks is still seen whole
+
 
 def known_tokens(token: str | None = None) -> list[str]:
     """Tokens that must never be published: the one given, ``HF_TOKEN``, and the one saved by ``hf auth login``."""
@@ -281,50 +340,139 @@ def scrub(text: str, tokens: list[str] | tuple[str, ...] = ()) -> str:
     return TOKEN_PATTERN.sub("hf_***", text)
 
 
+def _first_hit(data: bytes, needles: list[bytes]) -> int | None:
+    hits = [i for i in (data.find(n) for n in needles) if i >= 0]
+    match = _TOKEN_BYTES.search(data)
+    if match:
+        hits.append(match.start())
+    return min(hits) if hits else None
+
+
+def _scan_file(path: Path, needles: list[bytes]) -> int | None:
+    """Byte offset of the first token in the file, read in chunks (any size, text or binary), or None."""
+    with open(path, "rb") as f:
+        offset, tail = 0, b""  # offset: where `tail` starts in the file
+        while chunk := f.read(_SCAN_CHUNK):
+            data = tail + chunk
+            hit = _first_hit(data, needles)
+            if hit is not None:
+                return offset + hit
+            tail = data[-_SCAN_OVERLAP:]
+            offset += len(data) - len(tail)
+    return None
+
+
+def _position(path: Path, offset: int) -> str:
+    """"line N" in a text file, "byte N" in a binary one (NUL bytes in its first 8 KiB)."""
+    with open(path, "rb") as f:
+        head = f.read(offset)
+    if b"\0" in head[:8192]:
+        return f"byte {offset}"
+    newlines = head.count(b"\n")
+    return f"line {newlines + 1}"
+
+
 def find_secrets(paths, tokens: list[str]) -> None:
-    """Refuse to publish a file that holds a Hub token (the token itself is never printed)."""
+    """Refuse to publish a file that holds a Hub token (the token itself is never printed).
+
+    Every file is scanned whole, whatever its name or type; of a safetensors file, only the header (the tensor data
+    holds numbers, and is not where a token is written)."""
     needles = [t.encode() for t in tokens]
     for full in map(Path, paths):
         if full.name.endswith(".safetensors"):
-            data = json.dumps(safetensors_header(full)).encode()  # only the header can hold text
-        elif full.name.endswith(TEXT_SUFFIXES):
-            data = full.read_bytes()
+            header = json.dumps(safetensors_header(full)).encode()
+            where = "its header" if _first_hit(header, needles) is not None else None
         else:
+            hit = _scan_file(full, needles)
+            where = _position(full, hit) if hit is not None else None
+        if where is not None:
+            raise SelfCheckError(
+                f"{full}, {where}: holds what looks like a Hugging Face access token. Remove it (and revoke the "
+                "token if it was ever shared) before publishing"
+            )
+
+
+# --------------------------------------------------------------------------------------------------- local paths
+
+# An absolute local path: /a/b..., ~/a..., C:\a\b... (two components at least), not preceded by a word character,
+# "/", "." or ":" so that URLs (https://host/a/b), relative paths (eval/x.png) and ratios (1/2) are not taken for one.
+LOCAL_PATH = re.compile(r"(?<![\w.:/\\~-])(?:~|[A-Za-z]:)?(?:[/\\]{1,2}[\w.@+~-]+){2,}[/\\]?")
+
+
+def hide_local_paths(text: str) -> str:
+    """``text`` with each absolute local path replaced by its last component (``/home/a/run/ckpt`` -> ``ckpt``)."""
+    return LOCAL_PATH.sub(lambda m: re.split(r"[/\\]+", m.group(0).rstrip("/\\"))[-1], text)
+
+
+def local_path_warnings(files: dict[str, Path]) -> list[str]:
+    """One line for each record (path in repo -> local file) that names absolute local paths."""
+    warnings = []
+    for in_repo, full in sorted(files.items()):
+        if not _matches(in_repo, RECORD_PATTERNS) or in_repo.endswith((".png", ".svg")):
             continue
-        for lineno, line in enumerate(data.splitlines(), start=1):
-            if any(n in line for n in needles) or TOKEN_PATTERN.search(line.decode("utf-8", "replace")):
-                raise SelfCheckError(
-                    f"{full}, line {lineno}: holds what looks like a Hugging Face access token. Remove it (and "
-                    "revoke the token if it was ever shared) before publishing"
-                )
+        found = LOCAL_PATH.findall(full.read_text(encoding="utf-8", errors="replace"))
+        if found:
+            warnings.append(
+                f"{in_repo} names {len(found)} absolute local path(s), e.g. {found[0]!r}: they will be public "
+                "(the model card shows only their last component)"
+            )
+    return warnings
+
+
+# ------------------------------------------------------------------------------------------------- a fresh Python
+
+_HIDING_PRELUDE = """\
+import importlib.abc as _abc, sys as _sys
+
+_HIDDEN = {hidden!r}
+
+
+class _HidePackages(_abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in _HIDDEN:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (hidden: a machine without it)", name=name)
+        return None
+
+
+_sys.meta_path.insert(0, _HidePackages())
+for _name in _HIDDEN:
+    try:
+        __import__(_name)
+    except ImportError:
+        pass
+    else:
+        raise SystemExit(f"isolation failed: {{_name}} is still importable")
+del _abc, _name
+"""
+
+
+def run_without_package(
+    code: str,
+    args: list[str] | tuple[str, ...] = (),
+    *,
+    cwd: str | os.PathLike,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    hidden: tuple[str, ...] = HIDDEN_PACKAGES,
+) -> subprocess.CompletedProcess:
+    """Run Python ``code`` (dedented) in a fresh interpreter on which this package cannot be imported.
+
+    The interpreter is this one (so torch and transformers are there), started with ``-I``: no ``PYTHON*``
+    variables, no user site, neither the current folder nor the script's on ``sys.path``; a meta-path finder placed
+    first refuses the ``hidden`` packages even when installed in site-packages (editable or not), and the process
+    exits if one still imports. ``sys.argv`` is ``["-c", *args]``; ``env`` is the whole environment (default: this
+    process's). Returns the ``CompletedProcess`` (text output captured); it does not raise on a non-zero exit.
+    """
+    command = [sys.executable, "-I", "-c", _HIDING_PRELUDE.format(hidden=tuple(hidden)) + textwrap.dedent(code),
+               *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=dict(os.environ) if env is None else env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
 
 
 # ---------------------------------------------------------------------------------------------------- load check
 
-# Run with `python -I` from an empty folder: no PYTHONPATH, no user site, no current directory on sys.path; and the
-# finder below hides this package even when it is installed in site-packages (editable or not).
-LOAD_CHECK_SCRIPT = r"""
-import importlib.abc, importlib.util, json, sys
-
-HIDDEN = set(sys.argv[2].split(","))
-
-
-class _Hidden(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in HIDDEN:
-            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the self-check)", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _Hidden())
-for name in HIDDEN:
-    try:
-        __import__(name)
-    except ImportError:
-        pass
-    else:
-        raise SystemExit(f"self-check: {name} is still importable")
-
+LOAD_CHECK_SCRIPT = """
+import json, sys
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 folder = sys.argv[1]
@@ -350,26 +498,47 @@ class LoadReport:
     processor_class: str
 
 
-def check_loads(folder: str | os.PathLike, timeout: float | None = None) -> LoadReport:
-    """Load ``folder`` in a fresh process that has torch and transformers but not this package, offline."""
+def stage_files(folder: Path, files, destination: Path) -> None:
+    """Put exactly ``files`` (relative paths) of ``folder`` into ``destination``: hard links (no copy of the
+    weights), or symbolic links across file systems."""
+    for name in files:
+        source, target = (folder / name).resolve(), destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            os.symlink(source, target)
+
+
+def check_loads(folder: str | os.PathLike, files: list[str] | None = None, timeout: float | None = None) -> LoadReport:
+    """Load ``files`` of ``folder`` (default: all of them; ``self_check`` passes the upload plan) in a fresh process
+    that has torch and transformers but not this package, offline, as a user who downloads the repo would.
+
+    The files are staged in a scratch folder first: a file the repo would lack (remote code, a tokenizer file left
+    out of the upload) fails here, not on the user's machine."""
     folder = Path(folder).resolve()
+    if files is None:
+        files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
     with tempfile.TemporaryDirectory(prefix="llava-na-selfcheck-") as scratch:
+        staged = Path(scratch) / folder.name
+        stage_files(folder, files, staged)
         # Its own HF_HOME: nothing from the user's caches (stale remote code modules) serves the check, nothing of
         # the check stays behind; no token: the check reads a local folder and needs none.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE", "PYTHON"))}
-        env.update(HF_HOME=scratch, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error",
-                   TOKENIZERS_PARALLELISM="false")
-        command = [sys.executable, "-I", "-c", LOAD_CHECK_SCRIPT, str(folder), ",".join(HIDDEN_PACKAGES)]
+        env.update(HF_HOME=os.path.join(scratch, "hf_home"), HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+                   TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
         try:
-            done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
+            done = run_without_package(LOAD_CHECK_SCRIPT, [str(staged)], cwd=scratch, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise SelfCheckError(f"{folder}: loading it in a fresh process took over {timeout} s") from None
+        output = (done.stderr or done.stdout).replace(str(staged), str(folder))  # the user's folder, not ours
     lines = [line for line in done.stdout.splitlines() if line.startswith("SELFCHECK ")]
     if done.returncode != 0 or not lines:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        tail = "\n".join(output.strip().splitlines()[-15:])
         raise SelfCheckError(
-            f"{folder}: does not load with trust_remote_code=True in a fresh process without llava-normaligned "
-            f"(exit code {done.returncode}):\n{scrub(tail)}"
+            f"{folder}: the files to upload do not load with trust_remote_code=True in a fresh process without "
+            f"llava-normaligned (exit code {done.returncode}); a file the model needs may be left out of the upload "
+            f"(see --dry-run, add it with --include):\n{scrub(tail)}"
         )
     report = json.loads(lines[-1][len("SELFCHECK "):])
     problems = {k: report[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs") if report[k]}
@@ -395,11 +564,15 @@ def self_check(
     load: bool = True,
     load_timeout: float | None = None,
 ) -> UploadPlan:
-    """Every check above, cheapest first. Returns the upload plan; raises ``SelfCheckError`` naming the problem."""
+    """Every check above, cheapest first. Returns the upload plan (with ``warnings``, also logged); raises
+    ``SelfCheckError`` naming the problem."""
     plan = plan_upload(folder, include)
     check_weights(plan)
     check_remote_code(plan)
     find_secrets([plan.folder / p for p in plan.upload], known_tokens() if tokens is None else tokens)
+    plan.warnings += local_path_warnings({p: plan.folder / p for p in plan.upload})
+    for warning in plan.warnings:
+        logger.warning("%s", warning)
     if load:
-        check_loads(plan.folder, timeout=load_timeout)
+        check_loads(plan.folder, plan.upload, timeout=load_timeout)
     return plan

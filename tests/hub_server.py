@@ -1,14 +1,20 @@
 """A small Hub-compatible HTTP server for tests: the real ``huggingface_hub`` client pushes to it and pulls from it.
 
-Standard library only (plus PyYAML, a package dependency, to validate card metadata like the Hub does). It speaks
-the part of the Hub API that ``create_repo``, ``create_commit`` (preupload, LFS batch + basic PUT + verify, NDJSON
-commit), ``create_branch``, ``repo_info``, ``list_repo_tree``, ``list_repo_refs``, ``list_repo_commits``,
-``hf_hub_download`` / ``snapshot_download`` and ``ModelCard.validate`` call, with:
+Standard library only (plus PyYAML, a package dependency, to parse card metadata). It speaks the part of the Hub
+API that ``create_repo``, ``delete_repo``, ``create_commit`` (preupload, LFS batch + basic PUT + verify, NDJSON
+commit), ``create_branch``, ``delete_branch``, ``repo_info``, ``list_repo_tree``, ``list_repo_refs``,
+``list_repo_commits``, ``hf_hub_download`` / ``snapshot_download`` and ``ModelCard.validate`` call, with:
 
 - model repos ``namespace/name`` holding commits (a commit is a full file tree + parent), branches and revisions;
   a commit is applied all at once or not at all, as on the Hub;
 - users identified by bearer tokens; private repos answer anonymous and foreign reads with 401 ``RepoNotFound``;
+- LFS uploads to signed URLs, as the Hub's go to pre-signed storage URLs: the client sends no token with the PUT,
+  so the URL handed out by the (authenticated) batch call is what authorises it;
 - one-shot failure injection (``fail_next``) to test what a client does when the server fails midway.
+
+Metadata validation (``validate_card_metadata``) applies a few rules written here after the Hub's documentation (a
+subset of its license and pipeline-tag lists, id shapes, the four base-model relations). A card this server accepts
+passed THESE rules, not the Hub's own validator, which only the real Hub runs.
 
 Start it with ``with HubServer(tmp_dir, tokens={...}) as hub:`` and point clients at ``hub.url``
 (``HF_ENDPOINT=hub.url`` and ``HF_HUB_DISABLE_XET=1`` for subprocesses).
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -88,7 +95,8 @@ class Repo:
 
 
 def validate_card_metadata(content: str) -> tuple[list[str], list[str]]:
-    """(errors, warnings) of a README's YAML front matter, by the rules the Hub applies to the fields we use."""
+    """(errors, warnings) of a README's YAML front matter, by rules written after the Hub's documentation for the
+    fields this package sets (a subset of the Hub's lists: not a stand-in for its validator)."""
     if not content.startswith("---"):
         return [], ["empty or missing yaml metadata in repo card"]
     match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", content, flags=re.DOTALL)
@@ -205,6 +213,14 @@ class HubStore:
             self._commit(repo, "main", None, "initial commit", "", user,
                          {".gitattributes": self.file_entry(GITATTRIBUTES, lfs=False)})
             return repo
+
+    def delete_repo(self, repo_id: str, user: str | None) -> None:
+        with self.lock:
+            self.writable(repo_id, user)
+            del self.repos[repo_id]
+            path = self.root / "repos" / f"{repo_id}.json"
+            if path.exists():
+                path.unlink()
 
     def resolve(self, repo: Repo, revision: str) -> Commit:
         if revision in repo.branches:
@@ -361,14 +377,18 @@ class _Handler(BaseHTTPRequestHandler):
                                     "auth": {"accessToken": {"displayName": "tests", "role": "write"}}})
         if seg[:3] == ["api", "repos", "create"] and method == "POST":
             return self._create_repo(json.loads(body or b"{}"), user)
+        if seg[:3] == ["api", "repos", "delete"] and method == "DELETE":
+            payload = json.loads(body or b"{}")
+            store.delete_repo(f"{payload.get('organization') or user}/{payload['name']}", user)
+            return self._json(200, {})
         if seg[:2] == ["api", "validate-yaml"] and method == "POST":
             errors, warnings = validate_card_metadata(json.loads(body)["content"])
             payload = {"errors": [{"message": m} for m in errors], "warnings": [{"message": m} for m in warnings]}
             return self._json(400 if errors else 200, payload)
         if seg[:2] == ["api", "models"] and len(seg) >= 4:
             return self._repo_api("/".join(seg[2:4]), seg[4:], query, body, user)
-        if seg[0] == "_lfs" and len(seg) == 4:
-            return self._lfs_put(f"{seg[1]}/{seg[2]}", seg[3], body, user)
+        if seg[0] == "_lfs" and len(seg) == 4 and method == "PUT":
+            return self._lfs_put(f"{seg[1]}/{seg[2]}", seg[3], body, query)
         if seg[0] == "_lfs_verify" and len(seg) == 3:
             info = json.loads(body)
             blob = store.blob_path(info["oid"])
@@ -442,6 +462,15 @@ class _Handler(BaseHTTPRequestHandler):
             commit = store.apply_commit(repo, unquote(rest[1]), user, lines)
             return self._json(200, {"success": True, "commitOid": commit.oid,
                                     "commitUrl": f"{base}/{repo_id}/commit/{commit.oid}"})
+        if method == "DELETE" and action == "branch":
+            repo = store.writable(repo_id, user)
+            branch = unquote("/".join(rest[1:]))
+            with store.lock:
+                if branch == "main" or branch not in repo.branches:
+                    raise HubError(400 if branch == "main" else 404, f"cannot delete branch {branch!r}")
+                del repo.branches[branch]
+                store._persist(repo)
+            return self._json(200, {})
         if method == "POST" and action == "branch":
             repo = store.writable(repo_id, user)
             branch = unquote("/".join(rest[1:]))
@@ -472,16 +501,21 @@ class _Handler(BaseHTTPRequestHandler):
         for obj in payload.get("objects", []):
             entry = {"oid": obj["oid"], "size": obj["size"], "authenticated": True}
             if not store.blob_path(obj["oid"]).exists():  # already stored: the client skips the upload
+                signature = self.server.hub.lfs_signature(repo_id, obj["oid"])
                 entry["actions"] = {
-                    "upload": {"href": f"{base}/_lfs/{repo_id}/{obj['oid']}", "header": {}},
+                    "upload": {"href": f"{base}/_lfs/{repo_id}/{obj['oid']}?signature={signature}", "header": {}},
                     "verify": {"href": f"{base}/_lfs_verify/{repo_id}"},
                 }
             objects.append(entry)
         return self._send(200, json.dumps({"transfer": "basic", "objects": objects}).encode(),
                           content_type="application/vnd.git-lfs+json")
 
-    def _lfs_put(self, repo_id: str, oid: str, body: bytes, user: str | None):
-        # Uploads are unreferenced blobs until a commit names them: a failed push leaves no trace in any repo.
+    def _lfs_put(self, repo_id: str, oid: str, body: bytes, query: dict):
+        # The URL's signature, handed out by the authenticated batch call, authorises the PUT (which carries no
+        # token). Uploads are unreferenced blobs until a commit names them: a failed push leaves no trace in a repo.
+        signature = query.get("signature", [""])[0]
+        if not hmac.compare_digest(signature, self.server.hub.lfs_signature(repo_id, oid)):
+            raise HubError(403, "LFS upload URL not signed for this object")
         if hashlib.sha256(body).hexdigest() != oid:
             raise HubError(400, f"uploaded content does not match LFS object {oid}")
         self.server.hub.store.put_blob(body)
@@ -546,8 +580,9 @@ class HubServer:
     def __init__(self, root: str | os.PathLike, tokens: dict[str, str], orgs: dict[str, set[str]] | None = None):
         self.store = HubStore(Path(root), tokens, orgs)
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status), no headers: tokens never logged
-        self._failures: list[tuple[str, re.Pattern, int]] = []
+        self._failures: list[list] = []  # [method, path pattern, status, matching requests still let through]
         self._failures_lock = threading.Lock()
+        self._lfs_key = os.urandom(32)
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.hub = self
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
@@ -561,18 +596,26 @@ class HubServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def fail_next(self, method: str, path_regex: str, status: int = 403) -> None:
-        """Answer the next request matching (method, path) with ``status`` (not a status the client retries)."""
+    def fail_next(self, method: str, path_regex: str, status: int = 403, after: int = 0) -> None:
+        """Answer a request matching (method, path) with ``status`` (not a status the client retries): the next one,
+        or the one after ``after`` matching requests were let through."""
         with self._failures_lock:
-            self._failures.append((method, re.compile(path_regex), status))
+            self._failures.append([method, re.compile(path_regex), status, after])
 
     def take_failure(self, method: str, path: str) -> int | None:
         with self._failures_lock:
-            for i, (want_method, pattern, status) in enumerate(self._failures):
+            for i, failure in enumerate(self._failures):
+                want_method, pattern, status, after = failure
                 if want_method == method and pattern.search(path):
+                    if after:
+                        failure[3] -= 1
+                        return None
                     del self._failures[i]
                     return status
         return None
+
+    def lfs_signature(self, repo_id: str, oid: str) -> str:
+        return hmac.new(self._lfs_key, f"{repo_id}/{oid}".encode(), hashlib.sha256).hexdigest()
 
     def head(self, repo_id: str, branch: str = "main") -> Commit:
         """The commit a branch points to (for assertions)."""

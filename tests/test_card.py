@@ -1,39 +1,70 @@
 """Model cards rendered from a checkpoint folder: metadata, the numbers computed from config and weights, the records
-of training, diagnostics and evaluation, and the metadata validation (locally and by a Hub server's API)."""
+of a real training run (``train_stage``), diagnostics and evaluation, what a card must never publish (tokens, local
+paths), and the metadata checks: local ones, and those of a Hub API (here the test server's rules, tests/hub_server.py).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 
 import pytest
 import torch
-from huggingface_hub import ModelCard
-from safetensors.torch import load_file, save_file
-
 from hub_server import HubServer
+from huggingface_hub import ModelCard
 from llava_normaligned.hub_cards.card import (
     BIBTEX,
     CardOptions,
     check_card,
+    flat_rows,
     main,
     norm_statistics,
     read_checkpoint,
     render_card,
     variant_text,
 )
+from safetensors.torch import load_file, save_file
+
 from llava_normaligned.inference import KEEP_UNQUANTIZED
 from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, text_embedding_norm_target
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 NORM_GAIN = "model.multi_modal_projector.norm.weight"
+TOKEN = "hf_" + "cardTestToken0123456789abcdefghijk"[:34]
+LLM_ID = "meta-llama/Llama-3.2-3B-Instruct"
 
 
 @pytest.fixture
 def folder(tiny_model_dir, tmp_path):
     """A writable copy of the tiny checkpoint."""
     return shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tiny_model_dir, tmp_path_factory):
+    """The output folder of a real 2-step stage-2 run of the `train` command (its training_summary.json and
+    norm_tracking.json as train writes them), its data read from an absolute local path."""
+    from llava_normaligned.trainer.train import main as train_main
+    from test_train_support import write_llava_dataset
+
+    root = tmp_path_factory.mktemp("trained_for_card")
+    data_path, images = write_llava_dataset(root / "private-data", n_rows=8, text_only=0)
+    out = root / "run"
+    assert train_main([
+        "--stage", "2", "--model", tiny_model_dir, "--data-path", data_path, "--image-folder", images,
+        "--output-dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none",
+        "--save_strategy", "no", "--gradient_checkpointing", "False", "--disable_tqdm", "True",
+    ]) == 0
+    return out
+
+
+@pytest.fixture
+def trained(trained_dir, tmp_path):
+    """A writable copy of the trained folder, and its training summary."""
+    copy = shutil.copytree(trained_dir, tmp_path / "trained")
+    return copy, json.loads((copy / "training_summary.json").read_text())
 
 
 def edit_json(path, **changes):
@@ -54,7 +85,7 @@ def test_card_of_a_composed_model(tiny_model_dir, tiny_parts):
     assert data["library_name"] == "transformers" and data["pipeline_tag"] == "image-text-to-text"
     assert data["license"] == "apache-2.0"
     assert {"llava-normaligned", "custom_code", "arxiv:2512.08374"} <= set(data["tags"])
-    assert "base_model" not in data  # the tiny parts are local folders, not Hub ids
+    assert "base_model" not in data and "base_model_relation" not in data  # the tiny parts are local folders
     text = str(card)
     assert not any(part in text for part in tiny_parts)  # local paths stay private
     assert 'repo_id = "alice/tiny-na"' in text and f'revision = "{SHA}"' in text
@@ -65,6 +96,12 @@ def test_card_of_a_composed_model(tiny_model_dir, tiny_parts):
                     "## Evaluation", "## Remote code", "## Citation"):
         assert section in text
     assert "gain initialised to T/√D (§5.1); Global Weight Compensation on" in text
+
+
+def test_unpinned_snippets_name_the_branch_the_card_is_pushed_to(tiny_model_dir):
+    text = str(render_card(tiny_model_dir, CardOptions(repo_id="alice/x", branch="dev")))
+    assert 'revision = "dev"  # a branch: replace with a commit hash' in text
+    assert 'revision = "main"  # a branch' in str(render_card(tiny_model_dir, CardOptions(repo_id="alice/x")))
 
 
 def test_norm_statistics_come_from_the_weights(folder):
@@ -90,47 +127,96 @@ def test_norm_statistics_come_from_the_weights(folder):
     assert ("mean |g| / initial gain", f"{scaled['gain_mean_abs'] / scaled['g_init']:.6g}") in rows
 
 
-def test_base_models_come_from_the_config_and_can_be_overridden(folder):
+def test_base_model_is_the_llm_and_a_list_can_be_given(folder):
     edit_json(folder / "config.json", vision_config___name_or_path="google/siglip-so400m-patch14-384",
-              text_config___name_or_path="meta-llama/Llama-3.2-3B-Instruct")
+              text_config___name_or_path=LLM_ID)
     card = render_card(folder)
-    assert card.data.base_model == ["google/siglip-so400m-patch14-384", "meta-llama/Llama-3.2-3B-Instruct"]
+    # One base model: the Hub reads several as a merge of them. The vision encoder is named in the Model table.
+    assert card.data.base_model == [LLM_ID] and "base_model_relation" not in card.data.to_dict()  # not trained
     assert "siglip_vision_model (`google/siglip-so400m-patch14-384`)" in str(card)
-    card = render_card(folder, CardOptions(base_models=("alice/my-llava",)))
-    assert card.data.base_model == ["alice/my-llava"]
+    card = render_card(folder, CardOptions(base_models=("alice/vit", "alice/llm"), base_model_relation="merge"))
+    assert card.data.base_model == ["alice/vit", "alice/llm"] and card.data.base_model_relation == "merge"
+    check_card(card)
+    with pytest.raises(ValueError, match="base_model_relation: 'fused'"):
+        check_card(render_card(folder, CardOptions(base_models=("alice/llm",), base_model_relation="fused")))
+
+
+def test_card_of_a_trained_checkpoint_shows_its_real_training_record(trained, tmp_path_factory):
+    folder, summary = trained
+    card = render_card(folder, CardOptions(repo_id="alice/trained"))
+    check_card(card)
+    text = str(card)
+    assert "no training record" not in text and {"trl", "sft"} <= set(card.data.tags)
+    rows = dict(re.findall(r"^\| ([\w.]+) \| (.*) \|$", text, flags=re.MULTILINE))  # two-column table rows
+
+    def shown(dotted):
+        return rows[dotted]
+
+    # The paper's Table 5 statistics and the final metrics reach the card (not crowded out by other fields).
+    stats = summary["norm"]["gain_statistics"]
+    assert float(shown("norm.gain_statistics.gain_abs_mean")) == pytest.approx(stats["gain_abs_mean"], rel=1e-5)
+    assert float(shown("norm.gain_statistics.gwc_factor")) == pytest.approx(stats["gwc_factor"], rel=1e-5)
+    assert float(shown("metrics.train_loss")) == pytest.approx(summary["metrics"]["train_loss"], rel=1e-5)
+    assert shown("stage") == "2" and shown("training.global_steps") == "2"
+    assert shown("variant.norm_init") == "target"
+    assert float(shown("learning_rates.projector")) == pytest.approx(summary["learning_rates"]["projector"])
+    # Keys that merely contain "token" are numbers, not secrets.
+    assert shown("data.prepare.image_tokens_per_image") == str(summary["data"]["prepare"]["image_tokens_per_image"])
+    assert "(redacted)" not in text
+    # What the card leaves out is counted, and no absolute local path is published: the data file by its name.
+    assert "more fields there" in text and "run.argv" not in rows
+    assert shown("data.load.sources") == "train.json"
+    assert str(tmp_path_factory.getbasetemp()) not in text and "private-data" not in text
+    # The norm tracking written by the run: first, middle and last records.
+    records = json.loads((folder / "norm_tracking.json").read_text())
+    assert f"`norm_tracking.json`, {len(records)} records" in text
+
+
+def test_datasets_and_relation_come_from_the_training_summary(trained):
+    folder, summary = trained
+    edit_json(folder / "config.json", text_config___name_or_path=LLM_ID)
+    # What train records for a dataset loaded from the Hub (load_messages_dataset: sources = [name]), next to a
+    # local file and a relative local folder, which are not datasets on the Hub.
+    summary["data"]["load"]["sources"] = ["alice/shapes-vqa", str(folder / "train.json"), "data/train.json"]
+    (folder / "training_summary.json").write_text(json.dumps(summary))
+    card = render_card(folder, CardOptions(datasets=("alice/extra",)))
+    assert card.data.datasets == ["alice/extra", "alice/shapes-vqa"]
+    assert card.data.base_model == [LLM_ID] and card.data.base_model_relation == "finetune"  # trained from it
+    check_card(card)
+
+
+def test_secrets_are_redacted_by_key_name_and_by_value_shape():
+    rows = dict(flat_rows({"hub_token": "anything", "run": {"HF_TOKEN": "x", "note": f"pushed with {TOKEN}"},
+                           "num_input_tokens_seen": 1200, "max_new_tokens": 64}))
+    assert rows["hub_token"] == "(redacted)" and rows["run.HF_TOKEN"] == "(redacted)"
+    assert rows["run.note"] == "pushed with hf_***"
+    assert rows["num_input_tokens_seen"] == "1,200" and rows["max_new_tokens"] == "64"
 
 
 def write_records(root, diag_dir, eval_dir):
-    (root / "training_summary.json").write_text(json.dumps({
-        "stage": 2, "dataset": "alice/shapes-vqa",
-        "recipe": {"learning_rate": 2e-5, "epochs": 1, "hub_token": "<HUB_TOKEN>"},
-        "trained_modules": ["model.multi_modal_projector", "model.language_model"],
-        "final_metrics": {"train_loss": 0.4321},
-    }))
     (root / "norm_tracking.json").write_text(json.dumps(
         [{"step": s, "gain_mean_abs": 0.02 + s / 1000, "vision_text_ratio": 1 + s / 100} for s in range(0, 50, 10)]
     ))
     diag_dir.mkdir(parents=True, exist_ok=True)
-    (diag_dir / "summary.md").write_text("# Diagnostics\n\nNorms by layer:\n\n![norms](norms.png)\n")
+    (diag_dir / "summary.md").write_text(
+        "# Diagnostics\n\nModel `/home/alice/runs/llava-na-3b` on 8 images.\n\nNorms by layer:\n\n"
+        "![norms](norms.png) (see https://huggingface.co/docs/hub)\n"
+    )
     (diag_dir / "diagnostics.json").write_text(json.dumps({"models": {"this": {"vision_text_norm_ratio": 1.07}}}))
     eval_dir.mkdir(parents=True, exist_ok=True)
     (eval_dir / "results.md").write_text("## Results\n\n| Model | POPE |\n| --- | ---: |\n| this | 81.20 |\n")
     (eval_dir / "results.json").write_text(json.dumps({"tasks": {"pope": {"score": 81.2}}}))
 
 
-def test_training_diagnostics_and_evaluation_records_are_reported(folder):
+def test_diagnostics_and_evaluation_records_are_reported_without_local_paths(folder):
     write_records(folder, folder / "diagnostics", folder / "eval")
-    card = render_card(folder)
-    text = str(card)
-    assert "no training record" not in text
-    assert "| recipe.learning_rate | 2e-05 |" in text and "| final_metrics.train_loss | 0.4321 |" in text
-    assert "| recipe.hub_token | (redacted) |" in text
-    assert "model.multi_modal_projector, model.language_model" in text
+    text = str(render_card(folder))
     assert "| step | gain_mean_abs | vision_text_ratio |" in text and "| 40 | 0.06 | 1.4 |" in text  # last record
     assert "### Diagnostics" in text and "](diagnostics/norms.png)" in text  # demoted, link follows the upload
+    assert "Model `llava-na-3b` on 8 images" in text and "/home/alice" not in text  # the path cut to its name
+    assert "https://huggingface.co/docs/hub" in text  # URLs are not local paths
     assert "measured by `diagnose` (`models.this.vision_text_norm_ratio`) | 1.07 |" in text
     assert "#### Results" in text and "| this | 81.20 |" in text
-    assert card.data.datasets == ["alice/shapes-vqa"] and "trl" in card.data.tags
 
 
 def test_records_from_other_folders(folder, tmp_path):
@@ -138,14 +224,17 @@ def test_records_from_other_folders(folder, tmp_path):
     text = str(render_card(folder, CardOptions(diagnostics_dir=str(tmp_path / "diag-run"),
                                                eval_dir=str(tmp_path / "eval-run"))))
     assert "| this | 81.20 |" in text and "| 1.07 |" in text
-    assert "No training record" in text  # training_summary.json was written outside the checkpoint
+    assert "No training record" in text  # training_summary.json is not in the checkpoint
 
 
-def test_json_results_without_markdown_become_a_table(folder):
+def test_json_results_without_markdown_become_a_table_and_long_ones_say_what_is_cut(folder):
     (folder / "eval").mkdir()
-    (folder / "eval" / "results.json").write_text(json.dumps({"tasks": {"pope": {"score": 81.2, "n": 500}}}))
+    tasks = {f"task{i:03d}": {"score": 50 + i / 10, "data_dir": f"/data/alice/task{i:03d}"} for i in range(100)}
+    (folder / "eval" / "results.json").write_text(json.dumps({"tasks": tasks}))
     text = str(render_card(folder))
-    assert "| tasks.pope.score | 81.2 |" in text and "| tasks.pope.n | 500 |" in text
+    assert "| tasks.task000.score | 50 |" in text and "| tasks.task000.data_dir | task000 |" in text
+    assert "/data/alice" not in text
+    assert "| ... | 141 more rows in `eval/results.json` |" in text  # 200 rows, 59 shown
 
 
 @pytest.mark.parametrize(
@@ -168,11 +257,15 @@ def test_stock_variant_card_has_no_gain_rows(folder):
     assert ("projector norm", "none (stock LLaVA)") in rows and "gain_mean_abs" not in stats
 
 
-def test_metadata_passes_local_and_hub_validation_and_bad_metadata_fails_both(tiny_model_dir, tmp_path, monkeypatch):
+def test_metadata_checks_local_and_by_a_hub_api(tiny_model_dir, tmp_path, monkeypatch):
+    """``check_card`` (local: parses back with huggingface_hub's parser, id and license shapes) and
+    ``ModelCard.validate`` against the test server's /api/validate-yaml, which applies the rules written in
+    hub_server.validate_card_metadata: this shows the card passes those rules and that the client reports a refusal,
+    not that the real Hub accepts it."""
     import huggingface_hub.constants
 
-    good = render_card(tiny_model_dir, CardOptions(repo_id="alice/x", license="llama3.2",
-                                                   base_models=("meta-llama/Llama-3.2-3B-Instruct",)))
+    good = render_card(tiny_model_dir, CardOptions(repo_id="alice/x", license="llama3.2", base_models=(LLM_ID,),
+                                                   base_model_relation="finetune"))
     bad = render_card(tiny_model_dir, CardOptions(license="Apache 2.0", base_models=("/home/alice/llm",)))
     with HubServer(tmp_path / "hub", tokens={}) as hub:
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)  # ModelCard.validate posts there
@@ -199,6 +292,23 @@ def test_card_command_writes_the_readme(folder, capsys):
 def test_card_command_reports_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
     assert main([str(tmp_path)]) == 1
     assert f"{tmp_path}: no config.json" in capsys.readouterr().err
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert main([str(tmp_path)]) == 1
+    assert "a PEFT adapter" in capsys.readouterr().err
+
+
+def test_card_validate_reports_a_hub_it_cannot_reach(folder, capsys, monkeypatch):
+    import socket
+
+    import huggingface_hub.constants
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    assert main([str(folder), "--validate", "--output", "-"]) == 1
+    err = capsys.readouterr().err
+    assert f"could not validate with the Hub at http://127.0.0.1:{port}" in err and "Traceback" not in err
 
 
 def test_the_cards_usage_snippets_run(tiny_model_dir, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Publishing: push and pull through the real huggingface_hub client against a local Hub server (tests/hub_server.py),
-loading with trust_remote_code in a process where this package cannot be imported, and the folder self-check.
+loading with trust_remote_code in a process where this package cannot be imported (the self-check's own
+``run_without_package``, through tests/isolation.py), and the folder self-check.
 
 The expensive part (pushes, a 2-step TRL training run with push_to_hub, one fresh-process load of everything) runs
 once, in the module fixture ``published``; the tests read its results.
@@ -8,24 +9,37 @@ once, in the module fixture ``published``; the tests read its results.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
+from hub_server import HubServer
+from isolation import run_isolated
+from llava_normaligned.hub_cards import selfcheck
+from llava_normaligned.hub_cards.card import CardOptions
+from llava_normaligned.hub_cards.push import PullError, PushError, pull, push, push_main
+from llava_normaligned.hub_cards.selfcheck import (
+    SelfCheckError,
+    check_loads,
+    check_remote_code,
+    find_secrets,
+    plan_upload,
+    run_without_package,
+    self_check,
+)
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import AutoProcessor
 
-from hub_server import HubServer
-from isolation import run_isolated
-from llava_normaligned.hub_cards.card import CardOptions
-from llava_normaligned.hub_cards.push import PullError, PushError, pull, push, push_main
-from llava_normaligned.hub_cards.selfcheck import SelfCheckError, check_remote_code, plan_upload, self_check
 from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
 # Shaped like real Hub tokens ("hf_" + 34 characters), so that the pattern scan sees them too.
@@ -226,9 +240,9 @@ def test_card_is_pinned_to_the_model_commit(published, hub):
     assert hub.head("alice/tiny").parent == v2.commit
     card = hub.file_bytes("alice/tiny", "README.md").decode()
     assert f'revision = "{v2.commit}"' in card
-    # The model commit's own card cannot know its hash: it says so instead of pinning a wrong one.
+    # The model commit's own card cannot know its hash: it names the branch and says so instead of pinning a wrong one.
     own_card = hub.file_bytes("alice/tiny", "README.md", v2.commit).decode()
-    assert 'revision = "main"  # replace with a commit hash' in own_card
+    assert 'revision = "main"  # a branch: replace with a commit hash' in own_card
     # The README-only commit changed nothing else.
     assert {p: e["oid"] for p, e in hub.head("alice/tiny").files.items() if p != "README.md"} == {
         p: e["oid"] for p, e in hub.store.repos["alice/tiny"].commits[v2.commit].files.items() if p != "README.md"
@@ -279,7 +293,9 @@ def test_no_token_in_any_pushed_file_or_request_path(published, hub):
     assert ALICE not in published["cli"].stdout + published["cli"].stderr
 
 
-def test_pushed_card_metadata_passes_the_hub_validation(published, hub, monkeypatch):
+def test_pushed_card_metadata_passes_the_servers_validation(published, hub, monkeypatch):
+    """The pushed card passes the test server's /api/validate-yaml, which applies the rules written in
+    hub_server.validate_card_metadata (a subset of the Hub's, not the Hub's validator)."""
     import huggingface_hub.constants
     from huggingface_hub import ModelCard
 
@@ -430,7 +446,7 @@ def test_python_files_outside_the_remote_code_are_left_out(folder):
     (folder / "train_my_model.py").write_text("import trl\n")  # a user's script next to the weights
     plan = self_check(folder, load=False)
     assert "train_my_model.py" not in plan.upload
-    assert ("train_my_model.py", "not remote code: neither in auto_map nor imported by its files") in plan.skipped
+    assert ("train_my_model.py", "not remote code: neither in an auto_map nor imported by its files") in plan.skipped
 
 
 # --------------------------------------------------------------------------------- branches and re-pushes
@@ -461,3 +477,214 @@ def test_a_push_replaces_stale_weight_shards(hub, tiny_model, tiny_model_dir, tm
     assert result.deleted == sorted(shards + ["model.safetensors.index.json"])
     files = set(hub.head("alice/reshard").files)
     assert "model.safetensors" in files and not files & set(result.deleted)
+
+
+# ---------------------------------------------------------------------------------- the load check's isolation
+
+
+def test_run_without_package_hides_this_installed_package(tmp_path):
+    import llava_normaligned  # noqa: F401  (importable here: the fresh process hides it, it is not absent)
+
+    done = run_without_package("import modeling_llava_normaligned", cwd=tmp_path)
+    assert done.returncode != 0 and "No module named 'modeling_llava_normaligned' (hidden" in done.stderr
+    done = run_without_package("""
+        import json, sys
+        print(json.dumps([sys.flags.isolated, sys.argv[1:]]))
+        """, ["an argument"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [1, ["an argument"]]
+
+
+def with_custom_tokenizer(folder) -> None:
+    """Make the folder's tokenizer a class of its own remote code, named by tokenizer_config.json's auto_map only."""
+    (folder / "tokenization_custom.py").write_text(
+        "from transformers import PreTrainedTokenizerFast\n\n\n"
+        "class CustomTokenizer(PreTrainedTokenizerFast):\n    pass\n"
+    )
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="CustomTokenizer", auto_map={"AutoTokenizer": [None, "tokenization_custom.CustomTokenizer"]})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def test_load_check_loads_exactly_the_files_to_upload(folder):
+    with_custom_tokenizer(folder)
+    plan = plan_upload(folder)
+    assert "tokenization_custom.py" in plan.upload  # remote code named by the tokenizer's auto_map is uploaded
+    assert check_loads(folder, plan.upload).processor_class == "LlavaProcessor"
+    # The same folder, with the tokenizer's code left out of the upload: the files in the folder do not save it.
+    with pytest.raises(SelfCheckError, match=r"tokenization_custom\.py") as error:
+        check_loads(folder, [p for p in plan.upload if p != "tokenization_custom.py"])
+    assert str(folder) in str(error.value) and "llava-na-selfcheck" not in str(error.value)
+
+
+def test_every_auto_map_is_checked(folder):
+    with_custom_tokenizer(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": [None, "tokenization_custom.Missing"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(SelfCheckError, match=r"tokenizer_config\.json: .*defines no class Missing"):
+        self_check(folder, load=False)
+    config["auto_map"] = {"AutoTokenizer": [None, "mallory/tools--tokenization_evil.Evil"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(SelfCheckError, match="points into another repo"):
+        self_check(folder, load=False)
+
+
+# ------------------------------------------------------------------------------- what a push must not publish
+
+
+def test_the_token_scan_reads_every_file_whatever_its_type(folder, monkeypatch):
+    (folder / "run.log").write_text(f"step 1\nstep 2\nlogin with {ALICE}\n")
+    with pytest.raises(SelfCheckError, match=r"run\.log, line 3: holds what looks like") as error:
+        self_check(folder, include=("*.log",), tokens=[], load=False)
+    assert ALICE not in str(error.value)
+    (folder / "run.log").unlink()
+    (folder / "state.dat").write_bytes(b"\x00\x01binary " + BOB.encode() + b"\x00")
+    with pytest.raises(SelfCheckError, match=r"state\.dat, byte 9: "):
+        self_check(folder, include=("*.dat",), tokens=[], load=False)
+    # A token split across two read chunks is still found.
+    monkeypatch.setattr(selfcheck, "_SCAN_CHUNK", 16)
+    (folder / "state.dat").write_bytes(b"y" * 30 + b" " + BOB.encode() + b" " + b"z" * 100)
+    with pytest.raises(SelfCheckError, match=r"state\.dat, line 1"):
+        find_secrets([folder / "state.dat"], [])
+
+
+def test_local_paths_in_uploaded_records_are_warned_about(folder, caplog):
+    (folder / "training_summary.json").write_text(json.dumps(
+        {"run": {"argv": ["--data-path", "/home/alice/data/train.json"]}, "data": {"sources": ["data/train.json"]}}
+    ))
+    (folder / "eval").mkdir()
+    (folder / "eval" / "results.md").write_text("| model | score |\n| --- | --- |\n| alice/tiny | 1/2 |\n")
+    with caplog.at_level(logging.WARNING, logger="llava_normaligned.hub_cards.selfcheck"):
+        plan = self_check(folder, load=False)
+    assert plan.warnings == [(
+        "training_summary.json names 1 absolute local path(s), e.g. '/home/alice/data/train.json': they will be "
+        "public (the model card shows only their last component)"
+    )]
+    assert "training_summary.json names 1 absolute local path" in caplog.text
+
+
+def test_a_peft_adapter_folder_is_refused_with_the_way_to_publish_it(tiny_model_dir, tmp_path, capsys):
+    from peft import LoraConfig, get_peft_model
+
+    adapter = tmp_path / "lora-run"  # what `train --use_peft` leaves: the adapter and the processor
+    model = get_peft_model(LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    model.save_pretrained(adapter)
+    AutoProcessor.from_pretrained(tiny_model_dir).save_pretrained(adapter)
+    with pytest.raises(SelfCheckError, match=r"a PEFT adapter .*--merge-adapter"):
+        self_check(adapter, load=False)
+    assert push_main([str(adapter), "--repo-id", "alice/lora", "--dry-run"]) == 1
+    assert "a PEFT adapter" in capsys.readouterr().err
+    # With the merged model next to it (--merge-adapter), the message names it, and it passes.
+    model.merge_and_unload().save_pretrained(adapter / "merged")
+    AutoProcessor.from_pretrained(tiny_model_dir).save_pretrained(adapter / "merged")
+    with pytest.raises(SelfCheckError, match=f"{re.escape(str(adapter / 'merged'))} holds the merged model"):
+        self_check(adapter, load=False)
+    assert "model.safetensors" in self_check(adapter / "merged", load=False).upload
+
+
+# --------------------------------------------------------------------------- what a failed push leaves behind
+
+
+def test_a_failed_first_push_deletes_the_repo_it_created(hub, tiny_model_dir):
+    hub.fail_next("POST", r"^/api/models/alice/born-failed/commit/main$")
+    with pytest.raises(PushError, match=r"nothing was committed \(the repo it had created was deleted again\)"):
+        push(tiny_model_dir, "alice/born-failed", token=ALICE, endpoint=hub.url, check_load=False)
+    assert "alice/born-failed" not in hub.store.repos
+    push(tiny_model_dir, "alice/born-failed", token=ALICE, endpoint=hub.url, check_load=False, pin_card=False)
+    assert "alice/born-failed" in hub.store.repos
+
+
+def test_a_failed_push_to_a_new_branch_deletes_the_branch_and_an_old_branch_stays(hub, tiny_model_dir, tmp_path):
+    first = push(tiny_model_dir, "alice/branch-failed", token=ALICE, endpoint=hub.url, check_load=False)
+    hub.fail_next("POST", r"/branch-failed/commit/dev$")
+    with pytest.raises(PushError, match="the branch 'dev' it had created was deleted again"):
+        push(tiny_model_dir, "alice/branch-failed", revision="dev", token=ALICE, endpoint=hub.url, check_load=False)
+    repo = hub.store.repos["alice/branch-failed"]
+    assert set(repo.branches) == {"main"} and hub.head("alice/branch-failed").oid == first.card_commit
+    # Unpinned, the card on a branch names that branch.
+    on_dev = push(tiny_model_dir, "alice/branch-failed", revision="dev", token=ALICE, endpoint=hub.url,
+                  check_load=False, pin_card=False)
+    assert 'revision = "dev"  # a branch' in hub.file_bytes("alice/branch-failed", "README.md", "dev").decode()
+    hub.fail_next("POST", r"/branch-failed/commit/dev$")
+    changed = with_scaled_gain(tiny_model_dir, tmp_path / "changed", 2.0)
+    with pytest.raises(PushError) as error:
+        push(changed, "alice/branch-failed", revision="dev", token=ALICE, endpoint=hub.url, check_load=False)
+    assert "deleted" not in str(error.value) and hub.head("alice/branch-failed", "dev").oid == on_dev.commit
+
+
+def test_when_pinning_the_card_fails_the_model_stays_and_a_warning_says_so(hub, tiny_model_dir, caplog):
+    hub.fail_next("POST", r"^/api/models/alice/pin-fails/commit/main$", after=1)  # the model commit goes through
+    with caplog.at_level(logging.WARNING, logger="llava_normaligned.hub_cards.push"):
+        result = push(tiny_model_dir, "alice/pin-fails", token=ALICE, endpoint=hub.url, check_load=False)
+    assert result.card_commit is None and hub.head("alice/pin-fails").oid == result.commit
+    assert f"the model is at commit {result.commit}, but pinning its card failed" in caplog.text
+    assert ALICE not in caplog.text
+    assert 'revision = "main"  # a branch' in hub.file_bytes("alice/pin-fails", "README.md").decode()
+
+
+def test_private_does_not_change_an_existing_public_repo_and_says_so(hub, tiny_model_dir, caplog):
+    push(tiny_model_dir, "alice/public", token=ALICE, endpoint=hub.url, check_load=False, pin_card=False)
+    with caplog.at_level(logging.WARNING, logger="llava_normaligned.hub_cards.push"):
+        push(tiny_model_dir, "alice/public", private=True, token=ALICE, endpoint=hub.url, check_load=False,
+             pin_card=False)
+    assert "alice/public already exists and is public: --private does not change an existing repo" in caplog.text
+    assert hub.store.repos["alice/public"].private is False
+
+
+# ------------------------------------------------------------------------------------------- pull, reviewed
+
+
+def test_pull_never_downloads_pickles_and_flags_code_from_other_repos(hub, tiny_model_dir, tmp_path):
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    source = Path(tiny_model_dir)
+    config = json.loads((source / "config.json").read_text())
+    config["auto_map"]["AutoModel"] = "mallory/tools--modeling_evil.EvilModel"
+    files = {"config.json": json.dumps(config).encode(), "weights.BIN": b"pickle", "sub/state.Pt": b"pickle",
+             "sub/helper.py": b"HELPER = 1\n"}
+    for name in ("model.safetensors", "modeling_llava_normaligned.py", "configuration_llava_normaligned.py"):
+        files[name] = (source / name).read_bytes()
+    api = HfApi(endpoint=hub.url, token=ALICE)
+    api.create_repo("alice/mixed")  # not through `push`, which refuses pickles
+    api.create_commit("alice/mixed", [CommitOperationAdd(path_in_repo=p, path_or_fileobj=b) for p, b in files.items()],
+                      commit_message="pickles and foreign code")
+    result = pull("alice/mixed", local_dir=tmp_path / "pulled", token=ALICE, endpoint=hub.url)
+    on_disk = {p.relative_to(tmp_path / "pulled").as_posix() for p in (tmp_path / "pulled").rglob("*")
+               if p.is_file() and ".cache" not in p.parts}
+    assert sorted(result.skipped_pickles) == ["sub/state.Pt", "weights.BIN"]
+    assert not on_disk & {"weights.BIN", "sub/state.Pt"} and "sub/helper.py" in on_disk
+    assert ("sub/helper.py", hashlib_sha256(b"HELPER = 1\n"), False) in result.remote_code
+    assert ("modeling_llava_normaligned.py" in {name for name, _, same in result.remote_code if same})
+    assert result.cross_repo_code == [("config.json", "AutoModel", "mallory/tools--modeling_evil.EvilModel")]
+    # The CLI says so (endpoint and token from the environment, read when huggingface_hub is imported).
+    cli = subprocess.run(
+        [sys.executable, "-m", "llava_normaligned.cli", "pull", "alice/mixed", "--local-dir", str(tmp_path / "cli")],
+        cwd=tmp_path, env=client_env(hub, tmp_path / "home", token=ALICE), capture_output=True, text=True, timeout=300,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr
+    out = cli.stdout
+    assert "not downloaded: weights.BIN (pickle)" in out and "remote code sub/helper.py" in out
+    assert "WARNING config.json: auto_map['AutoModel'] = 'mallory/tools--modeling_evil.EvilModel' points into" in out
+
+
+def hashlib_sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_lfs_uploads_need_the_url_the_authenticated_batch_call_signs(hub):
+    import hashlib
+
+    data = b"weights" * 10
+    oid = hashlib.sha256(data).hexdigest()
+    url = f"{hub.url}/_lfs/alice/tiny/{oid}"
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(urllib.request.Request(url, data=data, method="PUT"))
+    assert error.value.code == 403
+    signed = f"{url}?signature={hub.lfs_signature('alice/tiny', oid)}"
+    with urllib.request.urlopen(urllib.request.Request(signed, data=data, method="PUT")) as response:
+        assert response.status == 200
