@@ -207,3 +207,41 @@ def write_all(data_dir: str) -> str:
         write_copy(task, data_dir)
     write_synthetic(data_dir)
     return data_dir
+
+
+# ---- fixed answers: the model's side replaced, everything else (build, extract, judge, score) as in a real run ----
+def answer_table(data_dir: str, answers: dict) -> dict:
+    """{(prompt or context, doc_id): answer} for the rows of each task's copy under ``data_dir``. ``answers[task]``
+    is a list (one answer per row: a string for generation, the options' log-likelihoods for log-likelihood tasks)
+    or a function (row index, request) -> answer. Rows that cannot become a request are left out."""
+    from llava_normaligned.evaluation.data import load_split
+    from llava_normaligned.evaluation.tasks import TASKS
+
+    table = {}
+    for task, given in answers.items():
+        split = load_split(TASKS[task], data_dir)
+        for idx in range(len(split)):
+            try:
+                request = TASKS[task].build(split.rows[idx], idx)
+            except (ValueError, KeyError, TypeError):  # the row fails in the run too: no answer needed
+                continue
+            key = (getattr(request, "prompt", None) or request.context, request.doc_id)
+            table[key] = given[idx] if isinstance(given, list) else given(idx, request)
+    return table
+
+
+def use_fixed_answers(monkeypatch, table: dict, fail=lambda request: False) -> None:
+    """Make generation answer (and log-likelihood scoring score) from ``table``; a batch holding a request for which
+    ``fail(request)`` is true raises, as a device error would."""
+    from llava_normaligned.evaluation import loglik, runner
+
+    def generate(model, processor, requests, max_new_tokens):
+        if any(fail(r) for r in requests):
+            raise RuntimeError("CUDA error: device-side assert (simulated)")
+        return [table[(r.prompt, r.doc_id)] for r in requests]
+
+    def score(model, tokenizer, requests, batch_size):
+        return [table[(r.context, r.doc_id)] for r in requests]
+
+    monkeypatch.setattr(runner, "generate_answers", generate)
+    monkeypatch.setattr(loglik, "score_requests", score)

@@ -101,6 +101,22 @@ def test_folder_without_data_is_a_clear_error(tmp_path):
         load_split(TASKS["ai2d"], str(tmp_path))
 
 
+def test_other_splits_files_are_never_read_for_the_split(tmp_path):
+    """A Hub download with train and validation files but no test file is an error listing them, not a test score
+    over train + validation rows; a folder's only parquet file, whatever its name, is the split."""
+    rows = eval_fixtures.to_dataset(eval_fixtures.ai2d_rows())
+    rows.to_parquet(str(tmp_path / "ai2d" / "data" / "train-00000-of-00001.parquet"))
+    rows.select([0]).to_parquet(str(tmp_path / "ai2d" / "data" / "validation-00000-of-00001.parquet"))
+    with pytest.raises(EvalDataError) as info:
+        load_split(TASKS["ai2d"], str(tmp_path))
+    message = str(info.value)
+    assert "task 'ai2d'" in message and "none is named after the split 'test'" in message
+    assert "data/train-00000-of-00001.parquet" in message and "data/validation-00000-of-00001.parquet" in message
+
+    os.remove(tmp_path / "ai2d" / "data" / "validation-00000-of-00001.parquet")
+    assert len(load_split(TASKS["ai2d"], str(tmp_path))) == 2
+
+
 def test_dataset_dict_without_the_split(tmp_path):
     from datasets import DatasetDict
 

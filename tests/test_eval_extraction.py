@@ -35,6 +35,18 @@ OPTIONS = {"A": "red", "B": "green", "C": "dark blue", "D": "blue"}
         ("I cannot tell.", None),
         ("A square is drawn on the canvas", None),  # the article "A", not option A
         ("the answer is a square", None),  # a lower-case article after "answer is" states no letter
+        # a stated answer beats a mentioned option, and the last one stated counts
+        ("Option A is wrong; the answer is B.", "B"),
+        ("The answer is A. No, wait: the answer is C.", "C"),
+        ("Looking at option D, the correct option is B", "B"),
+        ("Option A is not correct.", None),  # a rejected option is no pick
+        ("A is wrong.", None),
+        ("Option C or option D", None),  # two options mentioned: no pick
+        # an option's text after a negation is not picked
+        ("It is not red", None),
+        ("It is not red, it is green.", "B"),
+        ("Not the red one but the green one", "B"),
+        ("The colour is bored", None),  # whole words only: "red" is not in "bored"
     ],
 )
 def test_extract_choice(prediction, expected):

@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from llava_normaligned.evaluation.data import LoadedSplit
-from llava_normaligned.evaluation.loglik import continuation_logprobs, encode_pair, run_loglik, score_requests
+from llava_normaligned.evaluation.loglik import (
+    context_length,
+    continuation_logprobs,
+    encode_pair,
+    run_loglik,
+    score_requests,
+)
 from llava_normaligned.evaluation.prompts import hellaswag_request, mmlu_request
 from llava_normaligned.evaluation.runner import SampleSink
 from llava_normaligned.evaluation.tasks import TASKS
@@ -102,3 +108,8 @@ def test_encode_pair_moves_trailing_space_and_keeps_all_tokens(tiny_processor):
     ctx, cont = encode_pair(tokenizer, "Answer: ", "C")
     assert tokenizer.decode(ctx + cont) == tokenizer.decode(tokenizer("Answer: C")["input_ids"])
     assert tokenizer.decode(cont).startswith(" ")
+
+
+def test_context_length_reads_the_language_models_config(tiny_model):
+    assert context_length(tiny_model.config) == tiny_model.config.text_config.max_position_embeddings
+    assert context_length(tiny_model.config.text_config) == tiny_model.config.text_config.max_position_embeddings

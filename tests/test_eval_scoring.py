@@ -41,6 +41,9 @@ def test_pope_metrics_by_hand():
     adversarial = result["categories"]["category"]["adversarial"]
     assert (adversarial["f1"], adversarial["accuracy"], adversarial["n"]) == pytest.approx((200 / 3, 50.0, 2))
     assert result["n_unparsed"] == 1
+    # lmms-eval's count: only a "no" is a false negative, the unparsed answer is left out: recall 1/2, F1 0.5
+    assert m["f1_lmms_eval"] == pytest.approx(50.0)
+    assert result["categories"]["category"]["random"]["f1_lmms_eval"] == 0.0  # no "yes" at all there
 
 
 def test_mmbench_circular_eval_by_hand():
@@ -60,6 +63,10 @@ def test_mmbench_circular_eval_by_hand():
         "colour": {"accuracy": 100.0, "n": 1},
         "shape": {"accuracy": 50.0, "n": 2},
     }
+    # a row that could not become a request (no circular group known): a question of its own, wrong
+    failed = {**rec(False, error="ValueError: invalid literal for int()"), "row": 7, "doc_id": "7"}
+    result = scoring.mmbench_score([*records, failed])
+    assert (result["score"], result["metrics"]["n_questions"], result["n_errors"]) == (50.0, 4, 1)
 
 
 def test_ocrbench_points_and_types():
@@ -94,6 +101,17 @@ def test_loglik_acc_and_acc_norm():
     assert (hella["score"], hella["metrics"]["acc"]) == (50.0, 50.0)
     mmlu = scoring.loglik_score(records, headline="acc", category_keys=("category",))
     assert mmlu["categories"]["category"] == {"other": {"accuracy": 50.0, "n": 2}, "stem": {"accuracy": 50.0, "n": 2}}
+
+
+def test_error_verdict():
+    def entry(n, errors):
+        return {"n": n, "n_errors": errors, "first_error": "OSError: disk" if errors else None}
+
+    assert scoring.error_verdict(entry(100, 0), 0.0) is None
+    assert scoring.error_verdict(entry(100, 5), 0.05) is None  # at the threshold: scored (and marked)
+    assert scoring.error_verdict(entry(100, 6), 0.05) == (
+        "6 of 100 samples raised errors (6.0%, more than --max-error-rate 0.05); first: OSError: disk")
+    assert scoring.error_verdict(entry(4, 4), 1.0) == "all 4 samples raised errors; first: OSError: disk"
 
 
 def test_judges():
@@ -139,11 +157,29 @@ def test_partial_table_marks_avg_and_extra_tasks_come_after():
     header, _, row = table_markdown(results).splitlines()
     assert header == "| Model | Method | POPE | MMLU | Avg (2 of 9) | Synthetic |"
     assert row == "| m | w/ Norm (w/ GWC) | 80.00 | 40.00 | 60.00 | 90.00 |"
-    # a baseline over other tasks: no delta on Avg, a dash where it has no score
+    # a baseline without MMLU: no Avg over this model's tasks (its own 70.00 would sit under "Avg (2 of 9)"),
+    # no delta, a dash where it has no score
     baseline = {"label": "b", "tasks": {"pope": {"score": 70.0}}}
-    row = table_markdown(results, baseline).splitlines()[-1]
-    assert row == "| m | w/ Norm (w/ GWC) | 80.00 (+10.00) | 40.00 | 60.00 | 90.00 |"
-    assert table_markdown(results, baseline).splitlines()[2] == "| b |  | 70.00 | – | 70.00 | – |"
+    lines = table_markdown(results, baseline).splitlines()
+    assert lines[2] == "| b |  | 70.00 | – | – | – |"
+    assert lines[3] == "| m | w/ Norm (w/ GWC) | 80.00 (+10.00) | 40.00 | 60.00 | 90.00 |"
+    # a baseline with more tasks: its Avg over this model's two, and the delta on it
+    baseline["tasks"].update(mmlu={"score": 30.0}, mmstar={"score": 99.0})
+    lines = table_markdown(results, baseline).splitlines()
+    assert lines[0] == "| Model | Method | MM-Star | POPE | MMLU | Avg (2 of 9) | Synthetic |"
+    assert lines[2] == "| b |  | 99.00 | 70.00 | 30.00 | 50.00 | – |"
+    assert lines[3] == "| m | w/ Norm (w/ GWC) | – | 80.00 (+10.00) | 40.00 (+10.00) | 60.00 (+10.00) | 90.00 |"
+
+
+def test_scores_with_errors_are_marked_and_failed_tasks_say_so():
+    results = {"label": "m", "method": "x", "failed_tasks": {"ai2d": "all 3 samples raised errors"},
+               "tasks": {"pope": {"score": 80.0, "n_errors": 2}, "mmlu": {"score": 40.0, "n_errors": 0}}}
+    table = table_markdown(results)
+    header, _, row, _, footnote = table.splitlines()
+    assert header == "| Model | Method | POPE | AI2D | MMLU | Avg (2 of 9) |"
+    assert row == "| m | x | 80.00† | failed | 40.00 | 60.00† |"  # the Avg counts the errors too
+    assert footnote.startswith("† counts samples that raised errors as wrong")
+    assert "†" not in table_markdown({"tasks": {"pope": {"score": 80.0, "n_errors": 0}}})
 
 
 def test_results_writer_rewrites_after_each_task(tmp_path):

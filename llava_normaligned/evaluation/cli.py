@@ -6,7 +6,10 @@
 
 Every split is loaded (and its schema checked) before the model, so a missing dataset fails in seconds, not
 hours in. Outputs, in --output-dir: samples.jsonl (every sample, appended as it is scored), results.json and
-results.md (rewritten after every task).
+results.md (rewritten after every task; published with the model, so they name no local path: provenance.py).
+
+Exit codes: 0 every task scored without sample errors (or with errors under --max-error-rate and --allow-errors);
+1 a task failed, or samples raised errors; 2 bad arguments or inputs, found before any sample runs.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+from . import provenance
 from .data import EvalDataError, LoadedSplit, load_split, save_split
 from .report import BaselineError, ResultsWriter, load_baseline, table_markdown
+from .scoring import error_verdict
 from .tasks import TASKS, TaskSpec, UnknownTaskError, resolve_tasks
 
 logger = logging.getLogger(__name__)
@@ -32,13 +37,16 @@ class EvalConfig:
     """What to score, on what, and how.
 
     Model: ``model`` (folder or Hub id), ``revision``, ``quantization`` (None, "4bit", "8bit"), ``device``
-    ("auto": CUDA when there is one), ``dtype`` ("auto" keeps the checkpoint's), ``trust_remote_code``.
+    ("auto": CUDA when there is one), ``dtype`` ("auto" keeps the checkpoint's), ``trust_remote_code`` (None:
+    transformers' own resolution, which needs no remote code for this package's models; True runs the repo's code).
     Data: ``tasks`` (comma-separated names, "all" = Table 4's nine), ``data_dir`` (local copies, DIR/TASK/),
     ``limit`` (first N samples of each split, for smoke runs).
     Run: ``batch_size`` (requests per forward), ``max_new_tokens`` (None: each task's default).
     Output: ``output_dir``, ``baseline`` (an earlier results.json to compare with), ``label`` (the row name in the
     table; default: the model's folder name), ``overwrite`` / ``resume`` (what to do with an earlier run's files),
     ``save_data`` (write every loaded split to SAVE_DATA/TASK for an offline machine; with no model, only that).
+    Errors: a task with more than ``max_error_rate`` of its samples raising (or all of them) is failed, not scored;
+    ``allow_errors`` makes a run whose scored tasks hold fewer errors exit 0 (their cells are marked).
     """
 
     model: str | None
@@ -48,7 +56,7 @@ class EvalConfig:
     quantization: str | None = None
     device: str = "auto"
     dtype: str = "auto"
-    trust_remote_code: bool = True
+    trust_remote_code: bool | None = None
     data_dir: str | None = None
     limit: int | None = None
     batch_size: int = 8
@@ -58,6 +66,8 @@ class EvalConfig:
     overwrite: bool = False
     resume: bool = False
     save_data: str | None = None
+    allow_errors: bool = False
+    max_error_rate: float = 0.05
 
 
 class EvalSetupError(RuntimeError):
@@ -83,8 +93,9 @@ def make_eval_parser() -> argparse.ArgumentParser:
     quant.add_argument("--load-in-8bit", action="store_true", help="bitsandbytes 8-bit")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false",
-                        help="do not run the checkpoint's own modeling code")
+    parser.add_argument("--trust-remote-code", action="store_true", default=None,
+                        help="run the checkpoint repo's own Python code (not needed for this package's models; pin "
+                        "--revision to a commit when you pass it for a Hub repo)")
     parser.add_argument("--label", help="the model's name in the table (default: its folder name)")
     runs = parser.add_mutually_exclusive_group()
     runs.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
@@ -93,6 +104,12 @@ def make_eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-data", metavar="DIR",
                         help="write each loaded split to DIR/TASK (save_to_disk), a copy for --data-dir on a machine "
                         "without network; without MODEL, only that")
+    parser.add_argument("--max-error-rate", type=float, default=0.05, metavar="FRACTION",
+                        help="a task with more than this share of samples raising errors is failed, not scored "
+                        "(default 0.05; a task whose samples all raise always is)")
+    parser.add_argument("--allow-errors", action="store_true",
+                        help="exit 0 when samples raised errors but every task stayed under --max-error-rate "
+                        "(their scores are marked in the table)")
     parser.add_argument("--list-tasks", action="store_true", help="print the tasks, their datasets and schemas")
     return parser
 
@@ -110,6 +127,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         raise EvalSetupError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise EvalSetupError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if not 0.0 <= args.max_error_rate <= 1.0:
+        raise EvalSetupError(f"--max-error-rate must be a fraction between 0 and 1, got {args.max_error_rate}")
     if args.data_dir and not os.path.isdir(args.data_dir):
         raise EvalSetupError(f"--data-dir {args.data_dir}: no such folder")
     return EvalConfig(
@@ -130,6 +149,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         overwrite=args.overwrite,
         resume=args.resume,
         save_data=args.save_data,
+        allow_errors=args.allow_errors,
+        max_error_rate=args.max_error_rate,
     )
 
 
@@ -190,26 +211,32 @@ def load_evaluated_model(cfg: EvalConfig):
         raise EvalSetupError(f"cannot load model {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
 
 
-def check_output(cfg: EvalConfig) -> None:
-    """Refuse to touch an earlier run's files in --output-dir unless --overwrite or --resume says what to do, and
-    refuse to resume a run of another model, revision or --limit."""
+def check_output(cfg: EvalConfig) -> dict | None:
+    """Refuse to touch an earlier run's files in --output-dir unless --overwrite or --resume says what to do.
+    With --resume, return the earlier run's results.json, which :func:`check_resume` compares with this run."""
     earlier = [f for f in (SAMPLES_FILE, "results.json") if os.path.exists(os.path.join(cfg.output_dir, f))]
     if earlier and not (cfg.overwrite or cfg.resume):
         raise EvalSetupError(f"{cfg.output_dir} already holds {', '.join(earlier)} of an earlier run: pass "
                              "--resume to continue it, --overwrite to replace it, or another --output-dir")
+    if not (cfg.resume and earlier):
+        return None
     results_path = os.path.join(cfg.output_dir, "results.json")
-    if cfg.resume and os.path.exists(results_path):
-        try:
-            with open(results_path, encoding="utf-8") as f:
-                earlier_run = json.load(f)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise EvalSetupError(f"--resume: cannot read {results_path} ({exc})") from exc
-        ran = {"model": earlier_run.get("model"), "revision": earlier_run.get("revision"),
-               "limit": earlier_run.get("settings", {}).get("limit")}
-        for key, value in ran.items():
-            if value != getattr(cfg, key):
-                raise EvalSetupError(f"--resume: {results_path} is a run with {key} {value!r}, "
-                                     f"not {getattr(cfg, key)!r}")
+    try:
+        with open(results_path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EvalSetupError(f"--resume: cannot read {results_path}, so cannot tell which run the samples in "
+                             f"{cfg.output_dir} belong to ({exc}); pass --overwrite to start over") from exc
+
+
+def check_resume(cfg: EvalConfig, earlier_run: dict, identity: dict) -> None:
+    """Refuse to mix samples of two setups: the model's files (or Hub commit), the data's rows and every setting that
+    changes an answer must be those of the earlier run."""
+    problems = provenance.resume_mismatches(earlier_run, identity)
+    if problems:
+        raise EvalSetupError(f"--resume: {os.path.join(cfg.output_dir, 'results.json')} is another run; what differs "
+                             "(earlier -> now):\n  " + "\n  ".join(problems) +
+                             "\nrun it as it was, or pass --overwrite or another --output-dir")
 
 
 def prepare_output(cfg: EvalConfig) -> dict[str, list[dict]]:
@@ -267,16 +294,55 @@ def run_task(spec: TaskSpec, split: LoadedSplit, model, processor, sink, cfg: Ev
         bar.close()
     records = sorted(earlier + records, key=lambda r: r["row"])
     entry = spec.score(records)
+    first_error = next((r["error"] for r in records if r.get("error")), None)
     entry.update(
         column=spec.column,
-        dataset={"source": split.source, "location": split.location, "rows": len(split)},
         max_new_tokens=(cfg.max_new_tokens or spec.max_new_tokens) if spec.kind == "generate" else None,
         notes=spec.notes,
+        first_error=_scrub(first_error, cfg) if first_error else None,
     )
     return entry
 
 
-def _header(cfg: EvalConfig, model) -> dict:
+def _scrub(text: str, cfg: EvalConfig) -> str:
+    """An error message as results.json may publish it: the run's own folders by their base names."""
+    local_model = cfg.model if cfg.model and provenance.is_local(cfg.model) else None  # a Hub id stays as it is
+    return provenance.scrub_paths(text, [local_model, cfg.data_dir, cfg.output_dir, cfg.save_data, cfg.baseline])
+
+
+def _public_location(split: LoadedSplit, cfg: EvalConfig) -> str:
+    """Where a split came from, without local paths: ``hub-id[config]:split``, or ``DATA_DIR-name/TASK``."""
+    if split.source != "local":
+        return split.location
+    relative = os.path.relpath(split.location, cfg.data_dir)
+    root = provenance.public_path(cfg.data_dir)
+    return root if relative == "." else f"{root}/{relative}"
+
+
+def run_identity(cfg: EvalConfig, specs: list[TaskSpec], splits: dict[str, LoadedSplit]) -> dict:
+    """The part of results.json that says which model, data and settings produced the samples: published as it is
+    (no local paths), and what --resume compares by content (provenance.py)."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("model", "revision", "label", "output_dir")}
+    chosen = {spec.name for spec in specs}
+    settings["tasks"] = ",".join(name for name in TASKS if name in chosen)  # canonical: aliases, order do not matter
+    return {
+        "model": provenance.public_model_id(cfg.model),
+        "revision": cfg.revision,
+        "model_fingerprint": provenance.model_fingerprint(cfg.model),
+        "settings": provenance.public_settings(settings),
+        "datasets": {
+            spec.name: {
+                "source": splits[spec.name].source,
+                "location": _public_location(splits[spec.name], cfg),
+                "rows": len(splits[spec.name]),
+                "sha256": provenance.split_digest(splits[spec.name].rows),
+            }
+            for spec in specs
+        },
+    }
+
+
+def _header(cfg: EvalConfig, model, identity: dict) -> dict:
     import datasets
     import torch
     import transformers
@@ -288,11 +354,11 @@ def _header(cfg: EvalConfig, model) -> dict:
     except PackageNotFoundError:
         package_version = None
     return {
-        "model": cfg.model,
-        "revision": cfg.revision,
-        "label": cfg.label or os.path.basename(os.path.normpath(cfg.model)),
+        "model": identity["model"],
+        "revision": identity["revision"],
+        "label": cfg.label or identity["model"],
         "method": method_label(model.config),
-        "settings": {k: v for k, v in asdict(cfg).items() if k not in ("model", "revision", "label", "output_dir")},
+        **{k: v for k, v in identity.items() if k not in ("model", "revision")},
         "versions": {
             "llava_normaligned": package_version,
             "transformers": transformers.__version__,
@@ -310,16 +376,22 @@ def evaluate(cfg: EvalConfig, baseline: dict | None = None) -> dict:
     specs = resolve_tasks(cfg.tasks)
     if baseline is None and cfg.baseline:
         baseline = load_baseline(cfg.baseline)
-    if cfg.output_dir:
-        check_output(cfg)
+    earlier_run = check_output(cfg) if cfg.output_dir else None
     splits = load_splits(specs, cfg)
     if cfg.save_data:
         save_splits(specs, splits, cfg)
     if cfg.model is None:
         return {}
+    identity = run_identity(cfg, specs, splits)
+    if earlier_run is not None:  # before the model loads: a refused --resume costs seconds
+        check_resume(cfg, earlier_run, identity)
     model, processor = load_evaluated_model(cfg)
+    if not provenance.is_local(cfg.model):
+        identity["model_fingerprint"] = {"commit": provenance.loaded_hub_commit(cfg.model, cfg.revision)}
+        if earlier_run is not None:  # the commit the revision resolved to for this load
+            check_resume(cfg, earlier_run, identity)
     earlier = prepare_output(cfg)
-    writer = ResultsWriter(cfg.output_dir, _header(cfg, model), [s.name for s in specs], baseline)
+    writer = ResultsWriter(cfg.output_dir, _header(cfg, model, identity), [s.name for s in specs], baseline)
     sink = SampleSink(os.path.join(cfg.output_dir, SAMPLES_FILE))
     try:
         for spec in specs:
@@ -327,7 +399,12 @@ def evaluate(cfg: EvalConfig, baseline: dict | None = None) -> dict:
                 entry = run_task(spec, splits[spec.name], model, processor, sink, cfg, earlier.get(spec.name, []))
             except Exception as exc:  # the other tasks still run; this one is reported as failed
                 logger.exception("task %s failed", spec.name)
-                writer.task_failed(spec.name, f"{type(exc).__name__}: {exc}")
+                writer.task_failed(spec.name, _scrub(f"{type(exc).__name__}: {exc}", cfg))
+                continue
+            too_many = error_verdict(entry, cfg.max_error_rate)
+            if too_many:  # a score mostly made of failed samples is no score: reported as a failed task
+                logger.error("task %s failed: %s", spec.name, too_many)
+                writer.task_failed(spec.name, too_many)
                 continue
             writer.task_done(spec.name, entry)
             logger.info("%s: %s = %.2f (%d samples, %d errors)", spec.name, entry["metric"], entry["score"],
@@ -336,6 +413,18 @@ def evaluate(cfg: EvalConfig, baseline: dict | None = None) -> dict:
         sink.close()
     writer.close()
     return writer.results
+
+
+def exit_code(results: dict, allow_errors: bool) -> int:
+    """1 when a task failed, or when scored tasks hold sample errors and ``allow_errors`` is off; else 0."""
+    errors = sum(entry.get("n_errors", 0) for entry in results["tasks"].values())
+    if errors:
+        accepted = "accepted (--allow-errors)" if allow_errors else "pass --allow-errors to accept them"
+        print(f"warning: {errors} samples raised errors and were scored wrong; their scores are marked † (see "
+              f"'error' in {SAMPLES_FILE}); {accepted}", file=sys.stderr)
+    for name, error in results["failed_tasks"].items():
+        print(f"error: task {name} failed: {error}", file=sys.stderr)
+    return 1 if results["failed_tasks"] or (errors and not allow_errors) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,11 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(table_markdown(results, baseline))
     print(f"\nwrote {os.path.join(cfg.output_dir, 'results.json')}, results.md and {SAMPLES_FILE}")
-    errors = sum(entry.get("n_errors", 0) for entry in results["tasks"].values())
-    if errors:
-        print(f"warning: {errors} samples raised errors and were scored wrong (see 'error' in {SAMPLES_FILE})",
-              file=sys.stderr)
-    return 1 if results["failed_tasks"] else 0
+    return exit_code(results, cfg.allow_errors)
 
 
-__all__ = ["EvalConfig", "evaluate", "main", "make_eval_parser"]
+__all__ = ["EvalConfig", "evaluate", "exit_code", "main", "make_eval_parser"]

@@ -2,7 +2,8 @@
 
 A local copy of task T lives in ``DATA_DIR/T/`` and is, in the benchmark's own Hub schema, either
   - parquet files as ``datasets`` writes them (``Dataset.to_parquet``, or the Hub's ``data/<split>-*.parquet``);
-    files whose name starts with the split name are preferred, else every ``*.parquet`` below the folder is read;
+    the files named after the split (``test.parquet``, ``test-00000-of-00003.parquet``) are read, or else the only
+    ``*.parquet`` below the folder; several others (``train-*``, ``validation-*``) are an error, never mixed in;
     for a dataset with configs (MMBench "en", ScienceQA "ScienceQA-IMG", MMLU "all"), a subfolder named after the
     config is read alone when there is one, so a whole downloaded Hub repo works;
   - a ``save_to_disk`` folder of a ``Dataset``, or of a ``DatasetDict`` holding the split;
@@ -52,10 +53,19 @@ def check_columns(spec: TaskSpec, found: list[str], location: str) -> None:
 
 
 # ---- local copies ----
-def _parquet_files(folder: str, split: str) -> list[str]:
+def _parquet_files(spec: TaskSpec, folder: str, split: str) -> list[str]:
+    """The split's parquet files: those named after it, else the folder's only one. Other splits' files are never
+    read in its place: a test score over train + validation rows would look like any other."""
     files = sorted(glob(os.path.join(folder, "**", "*.parquet"), recursive=True))
     named = [f for f in files if os.path.basename(f) == f"{split}.parquet" or os.path.basename(f).startswith(f"{split}-")]
-    return named or files
+    if named or len(files) <= 1:
+        return named or files
+    listing = [os.path.relpath(f, folder) for f in files]
+    raise EvalDataError(
+        f"task {spec.name!r}: {folder} holds {len(files)} parquet files and none is named after the split {split!r} "
+        f"({listing[:10]}{' ...' if len(listing) > 10 else ''}): rename the {split!r} file(s) to {split}.parquet or "
+        f"{split}-00000-of-0000N.parquet, or keep only them in the folder"
+    )
 
 
 def _load_local_datasets(spec: TaskSpec, folder: str):
@@ -73,7 +83,7 @@ def _load_local_datasets(spec: TaskSpec, folder: str):
         return loaded[split]
     if os.path.exists(os.path.join(folder, "state.json")):
         return datasets.load_from_disk(folder)
-    files = _parquet_files(folder, split)
+    files = _parquet_files(spec, folder, split)
     if not files:
         raise EvalDataError(
             f"task {spec.name!r}: {folder} holds neither parquet files nor a save_to_disk folder; expected "

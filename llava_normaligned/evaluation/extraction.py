@@ -10,11 +10,23 @@ from __future__ import annotations
 import re
 import string
 
-# "The answer is (B).", "Answer: B", "Option B", "the correct option is B", "answer: (b)". The keyword in any case;
-# the letter upper-case, or any case when nothing but punctuation follows it ("the answer is a dog" states no letter).
+# The option letter after a keyword: upper-case, or any case when nothing but punctuation follows it ("the answer is
+# a dog" states no letter).
+_LETTER_AFTER = r"\s*[:：]?\s*\(?(?:([A-Z])\)?(?![A-Za-z])|([a-z])\)?(?=[\s.,;:!)]*$))"
+# A stated answer: "The answer is (B).", "Answer: B", "answer: (b)", "the correct option is B". The keyword in any case.
 _STATED = re.compile(
-    r"\b(?i:answer|option|choice)(?:\s+(?i:is))?\s*[:：]?\s*\(?(?:([A-Z])\)?(?![A-Za-z])|([a-z])\)?(?=[\s.,;:!)]*$))"
+    r"\b(?i:answer|(?:correct|right|best)\s+(?:option|choice))(?:\s+(?i:is|would\s+be|should\s+be))?" + _LETTER_AFTER
 )
+# A mention: "Option B", "choice (C)". Weaker than a stated answer: "Option A is wrong; the answer is B." is B.
+_MENTION = re.compile(r"\b(?i:option|choice)" + _LETTER_AFTER)
+# What makes a mention or a leading letter a rejection: "Option A is wrong", "A is not correct", "B isn't".
+_REJECTED_AFTER = re.compile(
+    r"^[\s,)]*(?:(?:is|was|seems|looks|would\s+be)\s+)?(?:not|wrong|incorrect|false|invalid|unlikely)\b"
+    r"|^[\s,)]*(?:is|was)n[’']t\b",
+    re.IGNORECASE,
+)
+# Words that negate an option text just after them: "It is not red", "no red square", "neither red nor green".
+_NEGATIONS = frozenset({"not", "no", "never", "neither", "nor", "without", "isn't", "isn’t", "aren't", "cannot", "can't"})
 # "B", "(B)", "B.", "B)", "B:", "B. cat", "(B) cat": a letter at the start, alone or followed by punctuation/space
 _LEADING = re.compile(r"^\(?([A-Z])(?:[\.\):,]|\)\.|\s|$)")
 # MMBench's `can_infer_option` affixes around a standalone letter token
@@ -30,9 +42,11 @@ def _norm_text(text: str) -> str:
 def extract_choice(prediction: str | None, letters: str, options: dict[str, str] | None = None) -> str | None:
     """The option letter a prediction picks among ``letters`` (e.g. "ABCD"), or None.
 
-    Tried in order: a stated answer ("The answer is (B)."), a leading letter ("B", "(B)", "B. cat"), exactly one
-    standalone letter token (MMBench's rule; "A" is ignored in sentences longer than three words, where it is
-    likely the article), then the option's text instead of its letter (exact, else the only option contained).
+    Tried in order: a stated answer ("The answer is (B).", the last one when there are several), a mentioned option
+    ("Option B", when all mentions not rejected as in "Option A is wrong" agree), a leading letter ("B", "(B)",
+    "B. cat", not "A is wrong"), exactly one standalone letter token (MMBench's rule; "A" is ignored in sentences
+    longer than three words, where it is likely the article), then the option's text instead of its letter
+    (exact, else the only option named without a negation before it: "It is not red" names none).
     """
     if prediction is None:
         return None
@@ -45,20 +59,24 @@ def extract_choice(prediction: str | None, letters: str, options: dict[str, str]
     if len(bare) == 1 and bare.upper() in letters:  # "b", "(c)", "D."
         return bare.upper()
 
-    stated = [(m.group(1) or m.group(2)).upper() for m in _STATED.finditer(text)]
-    stated = [c for c in stated if c in letters]
+    stated = _letters(_STATED, text, letters)
     if stated:
-        return stated[0]
+        return stated[-1]  # "The answer is A. No wait, the answer is B." is B
+    mentioned = {c for c in _letters(_MENTION, text, letters, skip_rejected=True)}
+    if len(mentioned) == 1:
+        return mentioned.pop()
 
     leading = _LEADING.match(text)
-    if leading and leading.group(1) in letters:
+    if leading and leading.group(1) in letters and not _REJECTED_AFTER.match(text[leading.end(1):].lstrip(").:")):
         # "A cat is on the mat" starts with the article A, not the option.
         if not (leading.group(1) == "A" and re.match(r"^A\s+[a-z]", text) and len(text.split()) > 3):
             return leading.group(1)
 
     tokens = text.split()
+    # a letter token followed by a rejection ("A is wrong") is not a pick
+    picks = [t for i, t in enumerate(tokens) if not _REJECTED_AFTER.match(" " + " ".join(tokens[i + 1 :]))]
     for prefix, suffix in _AFFIXES:
-        found = {c for c in letters if f"{prefix}{c}{suffix}" in tokens}
+        found = {c for c in letters if f"{prefix}{c}{suffix}" in picks}
         if len(found) == 1:
             (letter,) = found
             if not (letter == "A" and len(tokens) > 3 and prefix == "" and suffix == ""):
@@ -70,7 +88,7 @@ def extract_choice(prediction: str | None, letters: str, options: dict[str, str]
         exact = [k for k, v in valid.items() if v == norm_pred]
         if len(exact) == 1:
             return exact[0]
-        contained = [k for k, v in valid.items() if v in norm_pred]
+        contained = [k for k, v in valid.items() if _affirmed(v, norm_pred)]
         if len(contained) == 1:
             return contained[0]
         # "cat" and "black cat" both contained: the longest one, if it is the only one that long
@@ -80,6 +98,27 @@ def extract_choice(prediction: str | None, letters: str, options: dict[str, str]
             if len(top) == 1 and all(valid[k] in valid[top[0]] for k in contained):
                 return top[0]
     return None
+
+
+def _letters(pattern: re.Pattern, text: str, letters: str, skip_rejected: bool = False) -> list[str]:
+    """The letters among ``letters`` that ``pattern`` finds, in order; with ``skip_rejected``, not those followed by
+    a rejection ("Option A is wrong")."""
+    found = []
+    for m in pattern.finditer(text):
+        letter = (m.group(1) or m.group(2)).upper()
+        if letter in letters and not (skip_rejected and _REJECTED_AFTER.match(text[m.end():])):
+            found.append(letter)
+    return found
+
+
+def _affirmed(option: str, prediction: str) -> bool:
+    """Whether the (normalized) option text occurs in the prediction as whole words at least once without a
+    negation among the two words before it ("it is not red" does not pick red)."""
+    for m in re.finditer(rf"(?<!\w){re.escape(option)}(?!\w)", prediction):
+        before = prediction[: m.start()].split()[-2:]
+        if not _NEGATIONS.intersection(before):
+            return True
+    return False
 
 
 def extract_yes_no(prediction: str | None) -> str | None:

@@ -7,14 +7,12 @@ chat template and with the tokenizer's own special tokens (a BOS where the token
 
 from __future__ import annotations
 
-
 import torch
 
 from .data import LoadedSplit
 from .prompts import LoglikRequest
 from .runner import SampleSink, chunks, run_batches
 from .tasks import TaskSpec
-
 
 
 def _device_of(model) -> torch.device:
@@ -75,9 +73,11 @@ def continuation_logprobs(model, tokenizer, pairs: list[tuple[list[int], list[in
     return scores
 
 
-def _max_length(model) -> int | None:
-    config = getattr(model.config, "text_config", model.config)
-    return getattr(config, "max_position_embeddings", None)
+def context_length(config) -> int | None:
+    """The language model's context in tokens (``text_config.max_position_embeddings``; a text-only config's own),
+    None when the config does not say."""
+    text_config = getattr(config, "text_config", None) or config
+    return getattr(text_config, "max_position_embeddings", None)
 
 
 def score_requests(model, tokenizer, requests: list[LoglikRequest], batch_size: int) -> list[list[float]]:
@@ -85,7 +85,7 @@ def score_requests(model, tokenizer, requests: list[LoglikRequest], batch_size: 
     flat = [(r_i, encode_pair(tokenizer, r.context, c)) for r_i, r in enumerate(requests) for c in r.continuations]
     scores: list[list[float]] = [[] for _ in requests]
     for batch in chunks(flat, batch_size):
-        values = continuation_logprobs(model, tokenizer, [pair for _, pair in batch], _max_length(model))
+        values = continuation_logprobs(model, tokenizer, [pair for _, pair in batch], context_length(model.config))
         for (r_i, _), value in zip(batch, values):
             scores[r_i].append(value)
     return scores

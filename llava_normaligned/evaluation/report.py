@@ -3,7 +3,10 @@
 results.json is rewritten (atomically) after every task, so an interrupted run keeps every finished task.
 results.md has one row per model: the baseline (``--baseline RESULTS.json`` from an earlier run) and this model,
 with the delta to the baseline in parentheses, as Table 4 prints them, and the average over the paper's
-benchmarks (Table 4's "Avg" is the plain mean of its nine columns).
+benchmarks (Table 4's "Avg" is the plain mean of its nine columns). Both rows' Avg are over the same benchmarks,
+this model's: a baseline that lacks one of them gets no Avg. A score that counts samples which raised errors (as
+wrong) is marked with a dagger; a task that failed (over the error threshold, or raising) reads "failed" and is
+not in the Avg.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from datetime import datetime, timezone
 
 from .tasks import PAPER_TASKS, TASKS
 
-RESULTS_FORMAT = "llava-normaligned-eval/1"
+RESULTS_FORMAT = "llava-normaligned-eval/2"
+ERROR_MARK = "†"
 
 
 class BaselineError(ValueError):
@@ -42,14 +46,17 @@ def write_text_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def average(results: dict) -> dict:
-    """Mean headline score over the paper's benchmarks present in ``results`` (Table 4's "Avg")."""
-    names = [n for n in PAPER_TASKS if n in results.get("tasks", {})]
-    scores = [results["tasks"][n]["score"] for n in names]
+def average(results: dict, over: list[str] | None = None) -> dict:
+    """Mean headline score over the paper's benchmarks present in ``results`` (Table 4's "Avg"), or over exactly the
+    benchmarks ``over`` (score None when one of them is missing)."""
+    tasks = results.get("tasks", {})
+    names = [n for n in PAPER_TASKS if n in tasks] if over is None else list(over)
+    scores = [tasks[n]["score"] for n in names if n in tasks]
     return {
-        "score": sum(scores) / len(scores) if scores else None,
+        "score": sum(scores) / len(scores) if scores and len(scores) == len(names) else None,
         "tasks": names,
         "complete": len(names) == len(PAPER_TASKS),
+        "with_errors": any(tasks.get(n, {}).get("n_errors") for n in names),
     }
 
 
@@ -75,31 +82,34 @@ def load_baseline(path: str) -> dict:
 
 # ---- Markdown in the Table 4 layout ----
 def _columns(results: dict, baseline: dict | None) -> list[str]:
-    present = set(results.get("tasks", {})) | set((baseline or {}).get("tasks", {}))
+    present = set(results.get("tasks", {})) | set(results.get("failed_tasks") or {}) | set((baseline or {}).get("tasks", {}))
     return [name for name in TASKS if name in present]
 
 
-def _cell(score: float | None, reference: float | None) -> str:
+def _cell(score: float | None, reference: float | None, with_errors: bool = False) -> str:
     if score is None:
         return "–"
+    mark = ERROR_MARK if with_errors else ""
     if reference is None:
-        return f"{score:.2f}"
-    return f"{score:.2f} ({score - reference:+.2f})"
+        return f"{score:.2f}{mark}"
+    return f"{score:.2f}{mark} ({score - reference:+.2f})"
 
 
-def _row(results: dict, columns: list[str], reference: dict | None) -> list[str]:
+def _row(results: dict, columns: list[str], avg_over: list[str], reference: dict | None) -> list[str]:
+    """One model's cells; its Avg is over ``avg_over`` (the evaluated model's benchmarks, whichever row this is)."""
     tasks = results.get("tasks", {})
     ref_tasks = (reference or {}).get("tasks", {})
     cells = [results.get("label") or results.get("model", "?"), results.get("method") or ""]
     paper_cols = [c for c in columns if TASKS[c].in_paper]
     for name in columns:
-        score = tasks.get(name, {}).get("score")
+        entry = tasks.get(name, {})
         ref = ref_tasks.get(name, {}).get("score") if reference else None
-        cells.append(_cell(score, ref))
+        failed = name in (results.get("failed_tasks") or {})  # no score: the reason is listed under the table
+        cells.append("failed" if failed else _cell(entry.get("score"), ref, bool(entry.get("n_errors"))))
         if paper_cols and name == paper_cols[-1]:
-            avg, ref_avg = average(results), average(reference) if reference else None
-            same_set = ref_avg is not None and ref_avg["tasks"] == avg["tasks"]
-            cells.append(_cell(avg["score"], ref_avg["score"] if same_set else None))
+            avg = average(results, avg_over)
+            ref_avg = average(reference, avg_over)["score"] if reference else None
+            cells.append(_cell(avg["score"], ref_avg, avg["with_errors"]))
     return cells
 
 
@@ -107,16 +117,22 @@ def table_markdown(results: dict, baseline: dict | None = None) -> str:
     """The Table 4 layout: Model | Method | the benchmarks in the paper's order | Avg | extra tasks."""
     columns = _columns(results, baseline)
     paper_cols = [c for c in columns if TASKS[c].in_paper]
+    avg_over = average(results)["tasks"]
     header = ["Model", "Method"]
     for name in columns:
         header.append(TASKS[name].column)
         if paper_cols and name == paper_cols[-1]:
-            n = len(average(results)["tasks"])
+            n = len(avg_over)
             header.append("Avg" if n == len(PAPER_TASKS) else f"Avg ({n} of {len(PAPER_TASKS)})")
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---", "---"] + ["---:"] * (len(header) - 2)) + " |"]
-    if baseline is not None:
-        lines.append("| " + " | ".join(_row(baseline, columns, None)) + " |")
-    lines.append("| " + " | ".join(_row(results, columns, baseline)) + " |")
+    rows = ([_row(baseline, columns, avg_over, None)] if baseline is not None else []) + [
+        _row(results, columns, avg_over, baseline)
+    ]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    if any(ERROR_MARK in cell for cells in rows for cell in cells[2:]):
+        footnote = (f"{ERROR_MARK} counts samples that raised errors as wrong (`n_errors` in results.json; the "
+                    "errors are in samples.jsonl).")
+        lines += ["", footnote]
     return "\n".join(lines)
 
 
@@ -157,7 +173,8 @@ def render_markdown(results: dict, baseline: dict | None = None) -> str:
         lines += [f"Deltas are against {baseline.get('label') or baseline.get('model')} (`--baseline`).", ""]
     avg = average(results)
     if avg["tasks"] and not avg["complete"]:
-        lines += [f"Avg is the mean over the {len(avg['tasks'])} of Table 4's {len(PAPER_TASKS)} benchmarks run here.", ""]
+        lines += [f"Avg is the mean over the {len(avg['tasks'])} of Table 4's {len(PAPER_TASKS)} benchmarks run here"
+                  + (", for the baseline too (– where it lacks one of them)." if baseline is not None else "."), ""]
     lines += ["Scores are percentages; greedy decoding.", ""]
     lines += [_metric_note(name, entry) for name, entry in results.get("tasks", {}).items()]
     for name, error in (results.get("failed_tasks") or {}).items():

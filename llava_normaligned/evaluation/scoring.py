@@ -47,6 +47,21 @@ def _accuracy_by(records: list[dict], key: str) -> dict:
     return {k: {"accuracy": _pct(sum(v), len(v)), "n": len(v)} for k, v in sorted(groups.items())}
 
 
+def error_verdict(entry: dict, max_error_rate: float) -> str | None:
+    """Why a task's score must not be reported (None when it may): every sample raised, or more than
+    ``max_error_rate`` of them did. A failed sample is scored wrong, so such a score measures the failures."""
+    n, errors = entry["n"], entry["n_errors"]
+    if not errors:
+        return None
+    first = f"; first: {entry['first_error']}" if entry.get("first_error") else ""
+    if errors == n:
+        return f"all {n} samples raised errors{first}"
+    if errors > max_error_rate * n:
+        return (f"{errors} of {n} samples raised errors ({100 * errors / n:.1f}%, more than --max-error-rate "
+                f"{max_error_rate:g}){first}")
+    return None
+
+
 def accuracy_score(records: list[dict], category_keys: tuple[str, ...] = ()) -> dict:
     """Plain accuracy, with per-category accuracies for each meta key in ``category_keys``."""
     correct = sum(1 for r in records if r["correct"])
@@ -56,20 +71,28 @@ def accuracy_score(records: list[dict], category_keys: tuple[str, ...] = ()) -> 
 
 
 # ---- POPE: F1 of "yes" (the headline, as in the POPE and LLaVA-1.5 papers), accuracy, precision, recall,
-# yes-ratio, overall and per split (adversarial / popular / random). Anything but "yes" is a negative. ----
+# yes-ratio, overall and per split (adversarial / popular / random). Anything but "yes" is a negative: an unparsed
+# answer (or a failed sample) to a "yes" question is a false negative. lmms-eval counts only a "no" answer as one,
+# leaving unparsed answers out of recall; its F1 is reported too (f1_lmms_eval), equal to ours when all parse. ----
+def _f1(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    return precision, recall, 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+
 def _pope_metrics(records: list[dict]) -> dict:
     tp = sum(1 for r in records if r.get("extracted") == "yes" and r["gold"] == "yes")
     fp = sum(1 for r in records if r.get("extracted") == "yes" and r["gold"] != "yes")
     fn = sum(1 for r in records if r.get("extracted") != "yes" and r["gold"] == "yes")
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    fn_no_only = sum(1 for r in records if r.get("extracted") == "no" and r["gold"] == "yes")
+    precision, recall, f1 = _f1(tp, fp, fn)
     return {
         "f1": 100.0 * f1,
         "accuracy": _pct(sum(1 for r in records if r["correct"]), len(records)),
         "precision": 100.0 * precision,
         "recall": 100.0 * recall,
         "yes_ratio": _pct(sum(1 for r in records if r.get("extracted") == "yes"), len(records)),
+        "f1_lmms_eval": 100.0 * _f1(tp, fp, fn_no_only)[2],
         "n": len(records),
     }
 
@@ -86,13 +109,19 @@ def pope_score(records: list[dict]) -> dict:
 
 
 # ---- MMBench: CircularEval. A question counts only if every circular copy of it (same index mod 1e6, options
-# rotated) is answered right; categories are computed over questions. Plain per-row accuracy is also given. ----
+# rotated) is answered right; categories are computed over questions. Plain per-row accuracy is also given.
+# A row that could not even become a request has no group: it is a question of its own, wrong. ----
+def _circular_group(record: dict) -> tuple:
+    group = (record.get("meta") or {}).get("circular_group")
+    return ("index", int(group)) if group is not None else ("row", record["row"])
+
+
 def mmbench_score(records: list[dict]) -> dict:
-    groups: dict[int, list[dict]] = defaultdict(list)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        groups[int(r["meta"]["circular_group"])].append(r)
+        groups[_circular_group(r)].append(r)
     questions = [
-        {"correct": all(r["correct"] for r in rows), "meta": min(rows, key=lambda r: int(r["doc_id"]))["meta"]}
+        {"correct": all(r["correct"] for r in rows), "meta": next((r["meta"] for r in rows if r.get("meta")), {})}
         for _, rows in sorted(groups.items())
     ]
     circular = _pct(sum(q["correct"] for q in questions), len(questions))
@@ -148,6 +177,7 @@ def loglik_score(records: list[dict], headline: str, category_keys: tuple[str, .
     categories = {}
     for key in category_keys:
         categories[key] = _accuracy_by(
-            [{**r, "correct": r["correct_norm"] if headline == "acc_norm" else r["correct"]} for r in records], key
+            [{**r, "correct": r.get("correct_norm", False) if headline == "acc_norm" else r["correct"]} for r in records],
+            key,
         )
     return {"metric": headline, "score": metrics[headline], "metrics": metrics, "categories": categories, **_counts(records)}

@@ -106,7 +106,8 @@ TASKS: dict[str, TaskSpec] = {
             extract=_extract_yes_no,
             judge=_judge_equal,
             max_new_tokens=128,
-            notes="F1 of 'yes' over all questions; accuracy, precision, recall, yes-ratio per split too.",
+            notes="F1 of 'yes' over all questions (an unparsed answer to a 'yes' question is a false negative; "
+            "f1_lmms_eval leaves it out, as lmms-eval does); accuracy, precision, recall, yes-ratio per split too.",
         ),
         TaskSpec(
             name="seedbench_2_plus",
