@@ -108,21 +108,50 @@ def _vision_dtype(model) -> torch.dtype:
     return model.dtype
 
 
+def _padding_token(tokenizer) -> str | None:
+    """The token to pad with when the tokenizer has none (Llama-3's): its EOS. Padding positions are masked out, so
+    which token fills them does not change the answers. None when the tokenizer has a pad token."""
+    if tokenizer.pad_token is not None:
+        return None
+    if tokenizer.eos_token is None:
+        raise ValueError(
+            f"the tokenizer ({type(tokenizer).__name__}) has neither a pad nor an EOS token, so prompts cannot be "
+            "batched: set processor.tokenizer.pad_token"
+        )
+    return tokenizer.eos_token
+
+
 def prepare_inputs(model, processor, prompts: Sequence[str], images: list[list[ImageLike]], system: str | None = None):
-    """Tokenise a batch, left-padded (generation appends on the right), with pixel values on the model's device."""
+    """Tokenise a batch, left-padded (generation appends on the right), with pixel values on the model's device.
+    The tokenizer's padding side (and pad token, set to EOS for the call when it has none) are restored after."""
     texts = [render_prompt(processor, p, len(imgs), system) for p, imgs in zip(prompts, images)]
     flat = [open_image(image) for imgs in images for image in imgs]
     tokenizer = processor.tokenizer
-    side = tokenizer.padding_side
+    side, pad = tokenizer.padding_side, _padding_token(tokenizer)
     tokenizer.padding_side = "left"
+    if pad is not None:
+        tokenizer.pad_token = pad
     try:
         inputs = processor(images=flat or None, text=texts, padding=True, return_tensors="pt")
     finally:
         tokenizer.padding_side = side
+        if pad is not None:
+            tokenizer.pad_token = None
     inputs = inputs.to(model.device)
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].to(_vision_dtype(model))
     return inputs
+
+
+def _pad_token_id(model, tokenizer) -> int:
+    """What ``generate`` pads finished rows with when the model's generation config names nothing: the tokenizer's
+    pad token, else EOS (the tokenizer's, else the generation config's first)."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, model.generation_config.eos_token_id):
+        if isinstance(candidate, (list, tuple)):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None:
+            return int(candidate)
+    raise ValueError("neither the tokenizer nor the generation config has a pad or EOS token id: set one")
 
 
 def _generate_kwargs(model, processor, max_new_tokens: int, temperature: float, **extra) -> dict:
@@ -134,7 +163,7 @@ def _generate_kwargs(model, processor, max_new_tokens: int, temperature: float, 
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     if getattr(model.generation_config, "pad_token_id", None) is None:
-        kwargs["pad_token_id"] = processor.tokenizer.pad_token_id
+        kwargs["pad_token_id"] = _pad_token_id(model, processor.tokenizer)
     return kwargs
 
 
@@ -179,7 +208,7 @@ def stream_answer(
     model,
     processor,
     prompt: str,
-    images: Sequence[ImageLike] = (),
+    images: ImageLike | Sequence[ImageLike] | None = None,
     *,
     max_new_tokens: int = 256,
     temperature: float = 0.0,
@@ -188,12 +217,15 @@ def stream_answer(
     **generate_kwargs,
 ) -> str:
     """Answer one prompt, printing the answer to stdout as it is generated (or feeding ``streamer``, e.g. a
-    ``TextIteratorStreamer``); returns the whole answer."""
+    ``TextIteratorStreamer``); returns the whole answer. ``images``: None, one image (PIL or path) or a list."""
     from transformers import TextStreamer
 
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt: expected one string, got {type(prompt).__name__}")
+    per_prompt = _images_per_prompt([images], 1)  # a single path is one image, not a sequence of characters
     if streamer is None:
         streamer = TextStreamer(processor.tokenizer, skip_prompt=True, skip_special_tokens=True)
-    inputs = prepare_inputs(model, processor, [prompt], [list(images)], system)
+    inputs = prepare_inputs(model, processor, [prompt], per_prompt, system)
     kwargs = _generate_kwargs(model, processor, max_new_tokens, temperature, **generate_kwargs)
     output = model.generate(**inputs, streamer=streamer, **kwargs)
     return processor.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0].strip()

@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -275,13 +276,66 @@ def verify_quantization(model: nn.Module, mode: str | None) -> QuantizationRepor
 # -------------------------------------------------------------------------------------------------- the loader
 
 
-def _register_local_model() -> None:
-    """Make this package's model known to the Auto classes when it is installed; without it, a checkpoint still
-    loads through its remote code (``trust_remote_code=True``)."""
+def register_local_model() -> None:
+    """Make this package's model known to the Auto classes in this process (importing ``modeling_llava_normaligned``
+    registers it), so that its checkpoints load with transformers' default ``trust_remote_code=None``: transformers
+    then prefers the installed classes and runs no code from the checkpoint."""
+    import modeling_llava_normaligned  # noqa: F401
+
+
+def is_commit_hash(revision: str | None) -> bool:
+    """A full 40-hex commit id: the only revision that cannot move after it was reviewed (branches and tags can)."""
+    return bool(revision) and re.fullmatch(r"[0-9a-f]{40}", revision) is not None
+
+
+def warn_unpinned_remote_code(model_name_or_path: str, revision: str | None, trust_remote_code: bool | None) -> None:
+    """Warn when remote code is trusted for a Hub repo at a branch or tag: whoever can push to it can change the code
+    that runs here after it was reviewed. A local folder's code is on this machine; a commit hash cannot change.
+    (transformers 5 prefers classes registered in this process, so this package's own model never runs remote code
+    where it is installed; the warning is about what trusting permits.)"""
+    if trust_remote_code is not True or os.path.isdir(os.path.expanduser(model_name_or_path)):
+        return
+    if is_commit_hash(revision):
+        return
+    logger.warning(
+        "trusting remote code of the Hub repo %r at revision %r, which can move: the repo's code, as it is when "
+        "downloaded, may run in this process (transformers prefers classes installed here, such as this package's "
+        "model, when the checkpoint has them). Review the code and pin a commit hash (revision=<40-hex sha>, "
+        "--revision).",
+        model_name_or_path,
+        revision or "main",
+    )
+
+
+def _not_found(model_name_or_path: str, error: OSError) -> OSError:
+    """A Hub lookup of a name that is no local folder failed: often a mistyped relative folder, so say both."""
+    return OSError(
+        f"{model_name_or_path!r}: there is no local folder of that name ({os.path.abspath(model_name_or_path)}) "
+        f"and it could not be loaded as a Hub repo: {error}"
+    )
+
+
+def load_config(model_name_or_path: str, *, revision: str | None = None, trust_remote_code: bool | None = None):
+    """The checkpoint's config, with the errors of ``load_model``: a missing folder given as a path is
+    ``FileNotFoundError``; a name that is neither a local folder nor a Hub repo says both; a checkpoint that needs
+    remote code which was not trusted says how to opt in."""
+    if _looks_like_path(model_name_or_path) and not os.path.isdir(os.path.expanduser(model_name_or_path)):
+        raise FileNotFoundError(f"model folder not found: {model_name_or_path}")
+    register_local_model()
+    warn_unpinned_remote_code(model_name_or_path, revision, trust_remote_code)
     try:
-        import modeling_llava_normaligned  # noqa: F401  (registers on import)
-    except ImportError:
-        pass
+        return AutoConfig.from_pretrained(model_name_or_path, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        if os.path.isdir(model_name_or_path):
+            raise
+        raise _not_found(model_name_or_path, error) from error
+    except ValueError as error:
+        if trust_remote_code is None and "trust_remote_code" in str(error):
+            raise ValueError(
+                f"{error}\nOpt in only after reviewing the code: trust_remote_code=True (CLI: --trust-remote-code), "
+                "with a commit hash as the revision."
+            ) from error
+        raise
 
 
 def find_adapter(model_name_or_path: str, revision: str | None) -> dict | None:
@@ -291,7 +345,12 @@ def find_adapter(model_name_or_path: str, revision: str | None) -> dict | None:
 
     if os.path.isdir(model_name_or_path) and os.path.isfile(os.path.join(model_name_or_path, "config.json")):
         return None
-    path = find_adapter_config_file(model_name_or_path, revision=revision)
+    try:
+        path = find_adapter_config_file(model_name_or_path, revision=revision)
+    except OSError as error:
+        if os.path.isdir(model_name_or_path):
+            raise
+        raise _not_found(model_name_or_path, error) from error
     if path is None:
         return None
     with open(path, encoding="utf-8") as handle:
@@ -322,7 +381,7 @@ def _load_adapter(model_name_or_path: str, adapter: dict, revision: str | None, 
         model = model.merge_and_unload()
     try:
         processor = AutoProcessor.from_pretrained(
-            model_name_or_path, revision=revision, trust_remote_code=kwargs.get("trust_remote_code", True)
+            model_name_or_path, revision=revision, trust_remote_code=kwargs.get("trust_remote_code")
         )
     except (OSError, ValueError):  # an adapter saved without its processor: the base's is the same
         processor = base_processor
@@ -337,7 +396,7 @@ def load_model(
     quantization: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
-    trust_remote_code: bool = True,
+    trust_remote_code: bool | None = None,
     attn_implementation: str | None = None,
     return_report: bool = False,
 ):
@@ -351,6 +410,9 @@ def load_model(
     precision, bf16 (fp16 on a GPU without bf16) for the quantized path on an accelerator, fp32 on CPU.
     ``return_report=True`` adds a third element, the ``QuantizationReport``. A PEFT adapter folder or repo loads its
     base (``base_model_name_or_path``) this way and applies the adapter (merged in full precision).
+    ``trust_remote_code``: None (default) is transformers' own resolution: this package's model and stock LLaVA load
+    with the installed classes and run no code from the checkpoint; a checkpoint whose classes are not installed
+    needs ``True`` (a warning asks to pin a commit hash for a Hub repo).
     Raises ImportError without bitsandbytes, RuntimeError when the device cannot run the mode. Never falls back to
     full precision.
     """
@@ -361,7 +423,7 @@ def load_model(
     dtype = parse_dtype(dtype)
     if quantization is not None:
         require_bitsandbytes()  # before any download
-    _register_local_model()
+    register_local_model()
     adapter = find_adapter(model_name_or_path, revision)
     if adapter is not None:
         model, processor, report = _load_adapter(
@@ -377,7 +439,7 @@ def load_model(
         return (model, processor, report) if return_report else (model, processor)
 
     hub_kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
-    config = AutoConfig.from_pretrained(model_name_or_path, **hub_kwargs)
+    config = load_config(model_name_or_path, **hub_kwargs)
     stored = stored_quantization(config)
     if stored is not None and quantization is not None and stored != quantization:
         raise ValueError(
@@ -430,6 +492,28 @@ def _placement(mode: str | None, device, dtype: torch.dtype | None) -> tuple[dic
 # ----------------------------------------------------------------------------------------------------------- CLI
 
 
+def add_trust_remote_code_flags(parser) -> None:
+    """``--trust-remote-code`` (opt in) and ``--no-trust-remote-code`` (refuse without asking); neither: None,
+    transformers' own resolution (installed classes first, which covers this package's model and stock LLaVA)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--trust-remote-code",
+        dest="trust_remote_code",
+        action="store_const",
+        const=True,
+        default=None,
+        help="run the checkpoint's own Python code (a model whose classes are not installed); review it first and "
+        "pin --revision to a commit hash. Not needed for this package's models.",
+    )
+    group.add_argument(
+        "--no-trust-remote-code",
+        dest="trust_remote_code",
+        action="store_const",
+        const=False,
+        help="refuse checkpoint code without asking",
+    )
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llava-normaligned generate",
@@ -454,6 +538,12 @@ def make_parser() -> argparse.ArgumentParser:
         "taken from the file's folder",
     )
     parser.add_argument("--output", metavar="JSONL", help="batch mode: where to write the rows with an 'answer' added")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="batch mode: replace an existing --output and discard the answers of an interrupted run (by default a "
+        "rerun resumes from OUTPUT.partial)",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="batch mode: prompts per forward (default 8)")
     quant = parser.add_mutually_exclusive_group()
     quant.add_argument(
@@ -476,12 +566,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps, xpu")
     parser.add_argument("--dtype", default="auto", help=f"unquantized weights: auto or one of {sorted(DTYPE_NAMES)}")
     parser.add_argument("--revision", default=None, help="branch, tag or commit of a Hub repo")
-    parser.add_argument(
-        "--no-trust-remote-code",
-        dest="trust_remote_code",
-        action="store_false",
-        help="refuse the checkpoint's own code (needs this package installed for norm-aligned models)",
-    )
+    add_trust_remote_code_flags(parser)
     parser.add_argument("--attn-implementation", default=None, help="e.g. sdpa, eager, flash_attention_2")
     parser.add_argument("--quiet", action="store_true", help="do not print what was loaded to stderr")
     return parser
@@ -529,8 +614,9 @@ def read_prompts_file(path: str) -> list[PromptRow]:
     return rows
 
 
-def _check_arguments(parser: argparse.ArgumentParser, args) -> list[PromptRow] | None:
-    """Usage errors (exit 2) before any loading: missing or unreadable inputs, conflicting modes, bad numbers."""
+def _check_arguments(parser: argparse.ArgumentParser, args) -> Resume | None:
+    """Usage errors (exit 2) before any loading: missing or unreadable inputs, conflicting modes, bad numbers, an
+    output that exists or a partial one that does not belong to this run. Batch mode: the rows and the answers so far."""
     from .generation import check_image_path
 
     if (args.prompt is None) == (args.prompts_file is None):
@@ -544,8 +630,8 @@ def _check_arguments(parser: argparse.ArgumentParser, args) -> list[PromptRow] |
     except ValueError as error:
         parser.error(str(error))
     if args.prompts_file is None:
-        if args.output:
-            parser.error("--output is for batch mode (--prompts-file)")
+        if args.output or args.overwrite:
+            parser.error("--output and --overwrite are for batch mode (--prompts-file)")
         for image in args.images:
             try:
                 check_image_path(image)
@@ -556,21 +642,121 @@ def _check_arguments(parser: argparse.ArgumentParser, args) -> list[PromptRow] |
         parser.error("--image goes with --prompt; in batch mode each row names its images")
     if not args.output:
         parser.error("--prompts-file needs --output")
+    if os.path.exists(args.output) and not args.overwrite:
+        parser.error(f"--output {args.output} exists; pass --overwrite to replace it")
     try:
-        return read_prompts_file(args.prompts_file)
+        rows = read_prompts_file(args.prompts_file)
+        return Resume.start(args, rows)
     except (OSError, ValueError) as error:
         parser.error(str(error))
 
 
-def _run_batch(model, processor, rows: list[PromptRow], args) -> None:
-    """Answer the rows batch by batch, appending to ``<output>.partial``, renamed to ``<output>`` at the end: a crash
-    leaves the answers so far and never a file that looks complete."""
+# ------------------------------------------------------------------------------------------------- batch mode
+
+
+def batch_settings(args) -> dict:
+    """What decides the answers of a batch run; a partial output is resumed only under the same settings."""
+    keys = (
+        "model",
+        "revision",
+        "quantization",
+        "dtype",
+        "device",
+        "attn_implementation",
+        "max_new_tokens",
+        "temperature",
+        "system",
+    )
+    return {key: getattr(args, key) for key in keys}
+
+
+@dataclass
+class Resume:
+    """The rows of a batch run and the answers already in ``<output>.partial`` from an earlier, interrupted run.
+
+    ``<output>.partial`` holds one answered row per line, in input order; ``<output>.partial.settings.json`` the
+    settings it was started with. A rerun with the same prompts and settings keeps the complete lines (a line cut by
+    a crash is dropped) and answers the rest; other prompts or settings are refused unless ``--overwrite``."""
+
+    rows: list[PromptRow]
+    done: int = 0  # rows answered in the partial file
+    keep_bytes: int = 0  # the partial file's length up to the last complete line
+
+    @staticmethod
+    def paths(output: str) -> tuple[str, str]:
+        return output + ".partial", output + ".partial.settings.json"
+
+    @classmethod
+    def start(cls, args, rows: list[PromptRow]) -> Resume:
+        partial, settings_path = cls.paths(args.output)
+        if args.overwrite or not os.path.exists(partial):
+            return cls(rows)
+        settings = batch_settings(args)
+        try:
+            with open(settings_path, encoding="utf-8") as handle:
+                before = json.load(handle)
+        except (OSError, json.JSONDecodeError):
+            raise ValueError(
+                f"{partial} exists but its settings file {settings_path} is missing or unreadable: cannot tell whether "
+                "it was made with these settings; pass --overwrite to start over"
+            ) from None
+        changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
+        if changed:
+            detail = ", ".join(f"{k}: {old!r} then, {new!r} now" for k, (old, new) in changed.items())
+            raise ValueError(
+                f"{partial} was started with other settings ({detail}); rerun with the same ones to resume, or pass "
+                "--overwrite to start over"
+            )
+        resume = cls(rows)
+        with open(partial, "rb") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.endswith(b"\n"):
+                    break  # cut by a crash while writing: answered again
+                if number > len(rows):
+                    raise ValueError(
+                        f"{partial} holds more answers than {args.prompts_file} has prompts; "
+                        "pass --overwrite to start over"
+                    )
+                resume._check_line(partial, number, line)
+                resume.done, resume.keep_bytes = number, resume.keep_bytes + len(line)
+        return resume
+
+    def _check_line(self, partial: str, number: int, line: bytes) -> None:
+        try:
+            answered = json.loads(line)
+        except json.JSONDecodeError:
+            answered = None
+        expected = self.rows[number - 1].row
+        if (
+            not isinstance(answered, dict)
+            or not isinstance(answered.get("answer"), str)
+            or {k: v for k, v in answered.items() if k != "answer"}
+            != {k: v for k, v in expected.items() if k != "answer"}
+        ):
+            raise ValueError(
+                f"{partial}:{number} is not the answer to row {number} of the prompts file (another prompts file?); "
+                "pass --overwrite to start over"
+            )
+
+
+def _run_batch(model, processor, resume: Resume, args) -> None:
+    """Answer the rows not yet answered, batch by batch, appending to ``<output>.partial``, renamed to ``<output>`` at
+    the end: a crash leaves the answers so far, which a rerun keeps, and never a file that looks complete."""
     from .generation import generate_batch
 
-    partial = args.output + ".partial"
+    partial, settings_path = Resume.paths(args.output)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(partial, "w", encoding="utf-8") as out:
-        for start in range(0, len(rows), args.batch_size):
+    rows = resume.rows
+    if resume.done == 0:
+        with open(settings_path, "w", encoding="utf-8") as handle:
+            json.dump(batch_settings(args), handle, indent=2)
+        open(partial, "wb").close()
+    else:
+        os.truncate(partial, resume.keep_bytes)  # drop a line cut by a crash
+        if not args.quiet:
+            print(f"resuming: {resume.done}/{len(rows)} answers already in {partial}", file=sys.stderr)
+    with open(partial, "a", encoding="utf-8") as out:
+        for start in range(resume.done, len(rows), args.batch_size):
             chunk = rows[start : start + args.batch_size]
             answers = generate_batch(
                 model,
@@ -582,18 +768,21 @@ def _run_batch(model, processor, rows: list[PromptRow], args) -> None:
                 temperature=args.temperature,
                 system=args.system,
             )
-            for row, answer in zip(chunk, answers):
-                out.write(json.dumps({**row.row, "answer": answer}, ensure_ascii=False) + "\n")
+            out.writelines(
+                json.dumps({**row.row, "answer": answer}, ensure_ascii=False) + "\n"
+                for row, answer in zip(chunk, answers)
+            )
             out.flush()
             if not args.quiet:
                 print(f"answered {min(start + args.batch_size, len(rows))}/{len(rows)}", file=sys.stderr)
     os.replace(partial, args.output)
+    os.remove(settings_path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
-    rows = _check_arguments(parser, args)
+    resume = _check_arguments(parser, args)
     try:
         model, processor, report = load_model(
             args.model,
@@ -610,10 +799,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not args.quiet:
         print(f"{args.model}: {report.summary()}", file=sys.stderr)
-    if rows is not None:
-        _run_batch(model, processor, rows, args)
+    if resume is not None:
+        _run_batch(model, processor, resume, args)
         if not args.quiet:
-            print(f"wrote {len(rows)} answers to {args.output}", file=sys.stderr)
+            print(f"wrote {len(resume.rows)} answers to {args.output}", file=sys.stderr)
         return 0
     from .generation import stream_answer
 

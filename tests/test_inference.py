@@ -8,15 +8,17 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 import torch
+from hub_server import HubServer
+from isolation import run_isolated
+from llava_normaligned.hub_cards.selfcheck import run_without_package
 from PIL import Image
 from torch import nn
 
-from llava_normaligned.generation import generate_batch, prepare_inputs
+from llava_normaligned.generation import generate_batch, prepare_inputs, stream_answer
 from llava_normaligned.inference import (
     KEEP_UNQUANTIZED,
     QUANTIZED_ROOT,
@@ -29,7 +31,23 @@ from llava_normaligned.inference import (
 bnb = pytest.importorskip("bitsandbytes")  # a dev install has it (pyproject [dev]); the error path is tested below
 BNB_LINEAR = {"4bit": bnb.nn.Linear4bit, "8bit": bnb.nn.Linear8bitLt}
 PROMPT = "what colour is the shape in the image ?"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+TOKEN = "hf_" + "inferenceTestToken0123456789abcdef"[:34]
+
+
+def subprocess_env(tmp_path, **extra) -> dict:
+    """This environment, offline, with the Hub cache and the remote-code modules in ``tmp_path`` (never in the
+    developer's own cache)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE")) and k != "PYTHONPATH"}
+    env.update(
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_MODULES_CACHE=str(tmp_path / "hf_modules"),
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+    )
+    env.update(extra)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -268,6 +286,35 @@ def test_generate_batch_rejects_bad_input(full_precision, images, tmp_path):
         generate_batch(model, processor, PROMPT, [images[0]])
 
 
+def test_batching_works_with_a_tokenizer_without_pad_token(full_precision, images):
+    """Llama-3 tokenizers have no pad token: left padding then uses EOS for the call (masked out, so the answers
+    equal those generated one by one) and the tokenizer is left as it was."""
+    import copy
+
+    model, processor = full_precision
+    processor = copy.deepcopy(processor)
+    processor.tokenizer.pad_token = None
+    saved = model.generation_config.pad_token_id
+    model.generation_config.pad_token_id = None
+    try:
+        prompts = [PROMPT, "describe the picture in a few words please"]
+        together = generate_batch(model, processor, prompts, [images[0], images[1]], max_new_tokens=5, batch_size=2)
+        alone = generate_batch(model, processor, prompts, [images[0], images[1]], max_new_tokens=5, batch_size=1)
+    finally:
+        model.generation_config.pad_token_id = saved
+    assert together == alone and all(together)
+    assert processor.tokenizer.pad_token is None
+
+
+def test_stream_answer_takes_one_image_path(full_precision, images, capsys):
+    """A single path is one image (not a sequence of one-character paths); the streamed answer is the batch API's."""
+    model, processor = full_precision
+    expected = generate_batch(model, processor, [PROMPT], [images[0]], max_new_tokens=5)[0]
+    assert stream_answer(model, processor, PROMPT, images[0], max_new_tokens=5) == expected
+    assert stream_answer(model, processor, PROMPT, [images[0]], max_new_tokens=5) == expected
+    assert capsys.readouterr().out.split() == (expected + " " + expected).split()
+
+
 # ------------------------------------------------------------------------------------------- errors, no fallback
 
 
@@ -294,16 +341,12 @@ def test_quantized_load_refuses_bad_mode_and_missing_device(tiny_model_dir):
             load_model(tiny_model_dir, quantization="4bit", device="cuda")
 
 
-def _run_python(code: str, cwd: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
-
-
 def test_missing_bitsandbytes_is_a_clear_error(tiny_model_dir, images, tmp_path):
     """A fresh process in which bitsandbytes cannot be imported: the loader raises ImportError with the pip command,
-    the CLI exits 1 with it, and full precision still loads."""
-    result = _run_python(
+    the CLI exits 1 with it, and full precision still loads. The process is set up as the publishing self-check sets
+    up its own (``run_without_package``: ``-I``, own environment); ``sys.modules`` blocks bitsandbytes, so that
+    transformers' availability check sees it as absent, as where it is not installed."""
+    result = run_without_package(
         f"""
         import sys
         sys.modules["bitsandbytes"] = None  # makes `import bitsandbytes` raise ImportError
@@ -317,8 +360,11 @@ def test_missing_bitsandbytes_is_a_clear_error(tiny_model_dir, images, tmp_path)
         print("CLI exit:", code)
         model, _ = load_model({tiny_model_dir!r}, device="cpu")
         print("full precision:", sum(p.numel() for p in model.parameters()) > 0)
-    """,
+        """,
         cwd=str(tmp_path),
+        env=subprocess_env(tmp_path),
+        timeout=180,
+        hidden=("bitsandbytes_is_blocked_below",),  # hide nothing real: see the docstring
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "API: 4-bit and 8-bit loading need bitsandbytes" in result.stdout and "pip install" in result.stdout
@@ -327,28 +373,117 @@ def test_missing_bitsandbytes_is_a_clear_error(tiny_model_dir, images, tmp_path)
     assert "full precision: True" in result.stdout
 
 
-def test_trust_remote_code_in_a_fresh_process(tiny_model_dir, images, tmp_path):
-    """The saved folder alone (this package's model code made unimportable): 4-bit loads through the checkpoint's
-    remote code, passes the check, and answers."""
+def test_remote_code_loads_4bit_on_a_machine_without_this_package(tiny_model_dir, images, tmp_path):
+    """The saved folder alone, on a machine where this package cannot be imported: transformers loads it through the
+    checkpoint's own code, 4-bit with the skip list of ``KEEP_UNQUANTIZED`` (what docs/inference.md tells such a
+    user to pass) quantizes the language model only, and it answers."""
     folder = shutil.copytree(tiny_model_dir, tmp_path / "checkpoint")
-    result = _run_python(
+    result = run_isolated(
         f"""
-        import sys
-        sys.modules["modeling_llava_normaligned"] = None  # as on a machine without this package's model
-        from llava_normaligned.inference import load_model
-        from llava_normaligned.generation import generate_batch
-        model, processor, report = load_model({str(folder)!r}, quantization="4bit", device="cpu", return_report=True)
+        import torch
+        from PIL import Image
+        from transformers import AutoModelForImageTextToText, AutoProcessor, BitsAndBytesConfig
+
+        config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                    bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules={list(KEEP_UNQUANTIZED)!r})
+        model = AutoModelForImageTextToText.from_pretrained(
+            {str(folder)!r}, trust_remote_code=True, quantization_config=config, device_map="cpu"
+        )
+        processor = AutoProcessor.from_pretrained({str(folder)!r}, trust_remote_code=True)
         print("class:", type(model).__module__, type(model).__name__)
-        print("layers:", len(report.quantized_layers))
-        print("answer:", repr(generate_batch(model, processor, ["hi"], [{images[0]!r}], max_new_tokens=4)[0]))
-    """,
+        quantized = [n for n, m in model.named_modules() if type(m).__module__.startswith("bitsandbytes")]
+        print("quantized:", len(quantized), all(n.startswith({QUANTIZED_ROOT + "."!r}) for n in quantized))
+        messages = [{{"role": "user", "content": [{{"type": "image"}}, {{"type": "text", "text": "hi"}}]}}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+        inputs = processor(text=[text], images=[Image.open({images[0]!r}).convert("RGB")], return_tensors="pt")
+        out = model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        print("new tokens:", out.shape[1] - inputs["input_ids"].shape[1])
+        """,
         cwd=str(tmp_path),
+        env={"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"},
+        timeout=180,
+    )
+    assert "class: transformers_modules." in result.stdout, result.stdout
+    assert "LlavaNormAlignedForConditionalGeneration" in result.stdout
+    assert "quantized: 14 True" in result.stdout and "new tokens: 4" in result.stdout
+    assert os.listdir(tmp_path / "hf_modules")  # the remote code went to the test's folder
+
+
+# -------------------------------------------------------------------------------------- trust_remote_code, Hub ids
+
+HUB_CHECK = """
+import logging, sys
+from llava_normaligned.inference import load_model
+
+repo, sha, image = sys.argv[1:4]
+warnings = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+
+
+keep = Keep()
+logging.getLogger("llava_normaligned.inference").addHandler(keep)
+model, _ = load_model(repo, device="cpu")
+print("default:", type(model).__module__, len(warnings))
+model, _ = load_model(repo, device="cpu", trust_remote_code=True)
+print("trusted at main:", type(model).__module__, len(warnings), "pin a commit hash" in warnings[-1])
+model, _ = load_model(repo, revision=sha, device="cpu", trust_remote_code=True)
+print("trusted at a commit:", type(model).__module__, len(warnings))
+try:
+    load_model("runs/no-such-checkpoint", device="cpu")
+except OSError as error:
+    print("mistyped:", error)
+logging.getLogger("llava_normaligned.inference").removeHandler(keep)  # as in a plain CLI run
+from llava_normaligned.inference import main
+code = main([repo, "--trust-remote-code", "--image", image, "--prompt", "hi", "--max-new-tokens", "2", "--device",
+             "cpu", "--quiet"])
+print("cli:", code)
+"""
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)  # the server speaks LFS, not Xet
+    with HubServer(tmp_path / "hub", tokens={TOKEN: "alice"}) as server:
+        yield server
+
+
+def test_hub_checkpoint_loads_without_remote_code_and_trusting_it_warns_unless_pinned(
+    hub, tiny_model_dir, images, tmp_path
+):
+    """A norm-aligned checkpoint on a Hub (a local server speaking its API, the real client): by default it loads
+    with this package's installed classes, running none of the repo's code; ``trust_remote_code=True`` warns unless
+    the revision is a commit hash (CLI included); a mistyped folder name says it is no local folder."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.url, token=TOKEN)
+    api.create_repo("alice/tiny-na")
+    sha = api.upload_folder(repo_id="alice/tiny-na", folder_path=tiny_model_dir).oid
+    env = subprocess_env(tmp_path, HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_XET="1")
+    result = subprocess.run(
+        [sys.executable, "-c", HUB_CHECK, "alice/tiny-na", sha, images[0]],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (
-        "class: transformers_modules." in result.stdout and "LlavaNormAlignedForConditionalGeneration" in result.stdout
-    )
-    assert "layers: 14" in result.stdout and "answer: '" in result.stdout
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    installed = "modeling_llava_normaligned.modeling_llava_normaligned"
+    assert lines["default"] == f"{installed} 0"  # the installed classes, no warning
+    # transformers prefers classes registered in the process even when remote code is trusted; the warning is
+    # about what trusting allows for a repo at a branch, and a commit hash silences it
+    assert lines["trusted at main"] == f"{installed} 1 True"
+    assert lines["trusted at a commit"] == f"{installed} 1"
+    assert "'runs/no-such-checkpoint': there is no local folder of that name" in lines["mistyped"]
+    assert lines["cli"] == "0" and "pin a commit hash" in result.stderr  # the CLI user sees the warning
 
 
 # ------------------------------------------------------------------------------------------------------- the CLI
@@ -398,11 +533,12 @@ def test_console_script_answers_a_question_about_an_image(tiny_model_dir, images
             "--device",
             "cpu",
         ],
-        env=ENV,
+        env=subprocess_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=180,
         cwd=str(tmp_path),
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() and "4bit on cpu" in result.stderr
@@ -438,6 +574,78 @@ def test_cli_batch_mode_writes_every_answer(tiny_model_dir, images, tmp_path, ca
     written = [json.loads(line) for line in output.read_text().splitlines()]
     assert [w["id"] for w in written] == [1, 2, 3] and all(w["answer"] for w in written)
     assert not os.path.exists(str(output) + ".partial")
+
+
+def test_cli_batch_mode_resumes_after_a_crash_and_never_overwrites(
+    tiny_model_dir, images, tmp_path, monkeypatch, capsys
+):
+    """A run stopped after its first batch leaves OUTPUT.partial (here also a line cut mid-write); the rerun keeps
+    those answers, answers the rest, and ends with what an uninterrupted run writes. A finished output is never
+    replaced without --overwrite; a partial file made with other settings or other prompts is refused."""
+    from llava_normaligned import generation
+
+    rows = [{"prompt": f"{PROMPT} {i}", "images": [images[i % 2]], "id": i} for i in range(5)]
+    prompts_file = tmp_path / "rows.jsonl"
+    prompts_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    output = tmp_path / "answers.jsonl"
+    argv = [
+        tiny_model_dir,
+        "--prompts-file",
+        str(prompts_file),
+        "--output",
+        str(output),
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--device",
+        "cpu",
+    ]
+
+    real, calls = generation.generate_batch, []
+
+    def stops_after_one_batch(*args, **kwargs):
+        calls.append(len(args[2]))
+        if len(calls) > 1:
+            raise KeyboardInterrupt  # the run is killed while answering its second batch
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate_batch", stops_after_one_batch)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    partial = tmp_path / "answers.jsonl.partial"
+    assert not output.exists() and len(partial.read_text().splitlines()) == 2
+    with open(partial, "a") as handle:
+        handle.write('{"prompt": "cut')  # a line the crash cut short
+    first_two = partial.read_text().splitlines()[:2]
+    settings = tmp_path / "answers.jsonl.partial.settings.json"
+    settings_text = settings.read_text()
+
+    monkeypatch.setattr(generation, "generate_batch", real)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # other settings: refused before anything is loaded
+        main([*argv[:-4], "--max-new-tokens", "5", "--device", "cpu"])
+    assert exit_info.value.code == 2 and "max_new_tokens: 4 then, 5 now" in capsys.readouterr().err
+    assert main(argv) == 0
+    assert "resuming: 2/5 answers already in" in capsys.readouterr().err
+    resumed = output.read_text().splitlines()
+    assert resumed[:2] == first_two and [json.loads(line)["id"] for line in resumed] == list(range(5))
+    assert not partial.exists() and not settings.exists()
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and "exists; pass --overwrite" in capsys.readouterr().err
+    assert output.read_text().splitlines() == resumed
+    assert main([*argv, "--overwrite", "--quiet"]) == 0
+    assert output.read_text().splitlines() == resumed  # greedy: the uninterrupted run writes the same
+
+    # a partial file of other prompts (same settings) is not taken for this run's answers
+    settings.write_text(settings_text)
+    partial.write_text(json.dumps({"prompt": "something else", "id": 0, "answer": "x"}) + "\n")
+    output.unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and "answers.jsonl.partial:1 is not the answer to row 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

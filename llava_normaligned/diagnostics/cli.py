@@ -39,9 +39,15 @@ def make_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("loading")
     group.add_argument("--revision", default=None)
     group.add_argument("--baseline-revision", default=None)
-    group.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: where the model loads)")
+    group.add_argument("--device", default="auto",
+                       help="auto (default: the first GPU found, else cpu), cpu, cuda, cuda:1, mps, xpu")
     group.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: as stored)")
-    group.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false")
+    trust = group.add_mutually_exclusive_group()  # neither: None, transformers' own resolution
+    trust.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True,
+                       default=None, help="run a checkpoint's own code (not needed for this package's models); "
+                       "review it first and pin --revision to a commit hash")
+    trust.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_const", const=False,
+                       help="refuse checkpoint code without asking")
     group = parser.add_argument_group("output")
     group.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG figures")
     group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -51,14 +57,20 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _estimate_memory(args) -> int:
-    from transformers import AutoConfig
+    from llava_normaligned.inference import load_config
 
     from .memory import estimate
 
-    config = AutoConfig.from_pretrained(args.model, revision=args.revision, trust_remote_code=args.trust_remote_code)
+    try:
+        config = load_config(args.model, revision=args.revision, trust_remote_code=args.trust_remote_code)
+    except (ValueError, OSError) as err:
+        raise DiagnosticsError(f"cannot read the config of {args.model!r}: {err}") from err
     if not hasattr(config, "text_config"):
         raise DiagnosticsError(f"{args.model!r} is not a vision-language model: its config has no text_config")
-    result = estimate(config, args.dtype or "bfloat16", args.batch_size, args.max_new_tokens)
+    try:
+        result = estimate(config, args.dtype or "bfloat16", args.batch_size, args.max_new_tokens)
+    except ValueError as err:  # an unknown --dtype
+        raise DiagnosticsError(f"--dtype: {err}") from err
     print(f"{args.model}: {result.describe()}")
     return 0
 
@@ -93,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         from .runner import diagnose
 
         document, written = diagnose(config)
-    except DiagnosticsError as err:
+    except (DiagnosticsError, ImportError, OSError) as err:  # OSError: an output folder it cannot write, ...
         print(f"llava-normaligned diagnose: error: {err}", file=sys.stderr)
         return 2
     ratio = document["vision_text_norm_ratio"]

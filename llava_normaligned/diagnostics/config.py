@@ -31,7 +31,10 @@ class DiagnoseConfig:
         batch_size: samples per forward pass.
 
     Loading:
-        device, dtype, revision, baseline_revision, trust_remote_code: passed to ``load_model``.
+        device, dtype, revision, baseline_revision, trust_remote_code: passed to ``load_model``. ``device="auto"``
+            (default) is the first GPU found, else the CPU, as for ``generate`` and ``eval``; ``trust_remote_code=None``
+            (default) is transformers' own resolution, which loads this package's models and stock LLaVA with the
+            installed classes; ``True`` runs a checkpoint's own code.
     """
 
     model: str
@@ -44,11 +47,11 @@ class DiagnoseConfig:
     max_new_tokens: int = 8
     top_k: int = 10
     batch_size: int = 4
-    device: str | None = None
+    device: str | None = "auto"
     dtype: str | None = None
     revision: str | None = None
     baseline_revision: str | None = None
-    trust_remote_code: bool = True
+    trust_remote_code: bool | None = None
     plots: bool = True
     progress: bool = True
 

@@ -4,6 +4,14 @@ Each sample is one (image, prompt) pair, formatted with the model's chat templat
 first, then the prompt) followed by the assistant header. Every batch also carries the two ablated versions of its
 samples that the blog post uses: the same prompt with a blank white image of the same size, and the same prompt
 with no image at all.
+
+Token groups. The non-padding positions of a formatted prompt are split three ways: the image tokens, the tokens of
+the prompt's own text, and the rest, the "template" tokens (BOS, chat-template markers such as ``<|im_start|>``, role
+names, the newlines the template writes). Template tokens are where real LLMs put their attention sinks, with
+hidden-state norms many times the text's; counted as text they would decide the text statistics. They are reported
+as their own group. The prompt's tokens are found by character offsets (a fast tokenizer re-encodes the formatted
+string, and the tokens overlapping the prompt's span are the text); without offsets, every token that is not a
+special token counts as text, and the run records which rule it used.
 """
 
 from __future__ import annotations
@@ -50,12 +58,12 @@ def load_prompts(path: str) -> list[tuple[int, str]]:
 
 
 def open_image(path: str):
-    from PIL import Image, UnidentifiedImageError
+    """The image in RGB (``generation.open_image``, shared with ``generate``), or a DiagnosticsError naming it."""
+    from llava_normaligned.generation import open_image as open_rgb
 
     try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (OSError, UnidentifiedImageError) as err:
+        return open_rgb(path)
+    except (OSError, ValueError) as err:
         raise DiagnosticsError(f"--images: cannot read image {path!r}: {err}") from err
 
 
@@ -99,6 +107,70 @@ def format_prompt(processor, prompt: str, with_image: bool) -> str:
     return f"USER: {image_token(processor) + chr(10) if with_image else ''}{prompt} ASSISTANT:"
 
 
+# ---------------------------------------------------------------------------------------------- token groups
+
+TEXT_RULE_SPAN = "prompt-span"  # the tokens overlapping the prompt's characters
+TEXT_RULE_SPECIAL = "non-special"  # every token that is not a special token (no offsets available)
+
+
+def special_token_ids(tokenizer) -> set[int]:
+    """The tokenizer's special tokens: its named ones (BOS, EOS, pad...) and every added token marked special (chat
+    markers such as ``<|im_start|>`` are often only the latter)."""
+    ids = set(tokenizer.all_special_ids)
+    ids.update(i for i, token in getattr(tokenizer, "added_tokens_decoder", {}).items() if token.special)
+    return ids
+
+
+def _prompt_flags(tokenizer, text: str, prompt: str, row: list[int], image_token_id, special: set[int],
+                  add_special_tokens: bool) -> list[bool] | None:
+    """For each token of ``row`` (the processor's ids of ``text``, padding removed): does it hold the prompt's text?
+    ``text`` is re-encoded with offsets; its single image token stands for the run of image tokens the processor
+    expanded it to. None when the offsets are unavailable or the two encodings do not line up."""
+    start = text.rfind(prompt)
+    if start < 0 or not prompt:
+        return None
+    end = start + len(prompt)
+    try:
+        encoded = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    except (NotImplementedError, ValueError, TypeError):  # a slow tokenizer has no offsets
+        return None
+    flags, i = [], 0
+    for token, (first, last) in zip(encoded["input_ids"], encoded["offset_mapping"]):
+        if token == image_token_id:
+            run = 0
+            while i < len(row) and row[i] == image_token_id:
+                flags.append(False)
+                i, run = i + 1, run + 1
+            if run == 0:
+                return None
+            continue
+        if i >= len(row) or row[i] != token:
+            return None
+        flags.append(token not in special and first < end and last > start)  # overlaps the prompt's characters
+        i += 1
+    return flags if i == len(row) else None
+
+
+def prompt_text_mask(processor, texts: list[str], prompts: list[str], encoded: dict, image_token_id,
+                     rule: str = TEXT_RULE_SPAN) -> tuple[torch.Tensor, str]:
+    """(B, S) bool over ``encoded`` (left-padded ids of ``texts``): the positions of each prompt's own text, and the
+    rule that found them: ``TEXT_RULE_SPAN``, or ``TEXT_RULE_SPECIAL`` when asked or when a row cannot be aligned."""
+    tokenizer = processor.tokenizer
+    special = special_token_ids(tokenizer)
+    ids, valid = encoded["input_ids"], encoded["attention_mask"].bool()
+    fallback = valid & ~torch.isin(ids, torch.tensor(sorted(special | {image_token_id})))
+    if rule == TEXT_RULE_SPECIAL:
+        return fallback, TEXT_RULE_SPECIAL
+    mask = torch.zeros_like(valid)
+    for b, (text, prompt) in enumerate(zip(texts, prompts)):
+        row = ids[b][valid[b]].tolist()
+        flags = _prompt_flags(tokenizer, text, prompt, row, image_token_id, special, not has_chat_template(processor))
+        if flags is None or not any(flags):
+            return fallback, TEXT_RULE_SPECIAL
+        mask[b, valid[b].nonzero()[:, 0]] = torch.tensor(flags)
+    return mask, TEXT_RULE_SPAN
+
+
 # -------------------------------------------------------------------------------------------------- batches
 
 
@@ -109,8 +181,10 @@ class Batch:
     blank_pixel_values: torch.Tensor  # the same images, blank
     text_only: dict  # input_ids (B, S0), attention_mask (B, S0) of the prompts without the image
     image_mask: torch.Tensor  # (B, S) bool: the image-token positions of `inputs`
-    text_mask: torch.Tensor  # (B, S) bool: the other non-padding positions
-    text_only_mask: torch.Tensor  # (B, S0) bool: the non-padding positions of `text_only`
+    text_mask: torch.Tensor  # (B, S) bool: the positions of the prompt's own text
+    template_mask: torch.Tensor  # (B, S) bool: the other non-padding positions (BOS, chat-template tokens)
+    text_only_mask: torch.Tensor  # (B, S0) bool: the prompt's own text in `text_only`
+    text_rule: str  # how the text positions were found (TEXT_RULE_SPAN or TEXT_RULE_SPECIAL)
 
 
 def _encode(processor, texts: list[str], images) -> dict:
@@ -142,40 +216,61 @@ def _check_context(batch_inputs: dict, samples: list[Sample], config, max_new_to
             )
 
 
+def _image_token_id(config):
+    image_token_id = getattr(config, "image_token_id", None)
+    return getattr(config, "image_token_index", None) if image_token_id is None else image_token_id
+
+
+def _make_batch(processor, config, chunk: list[Sample], max_new_tokens: int, prompts_path: str) -> Batch:
+    from PIL import Image
+
+    image_token_id = _image_token_id(config)
+    prompts = [s.prompt for s in chunk]
+    images = [open_image(s.image_path) for s in chunk]
+    blanks = [Image.new("RGB", im.size, BLANK_RGB) for im in images]
+    with_image = [format_prompt(processor, p, True) for p in prompts]
+    without_image = [format_prompt(processor, p, False) for p in prompts]
+    inputs = _encode(processor, with_image, images)
+    _check_context(inputs, chunk, config, max_new_tokens, prompts_path)
+    blank_inputs = _encode(processor, with_image, blanks)
+    text_only = _encode(processor, without_image, None)
+    valid = inputs["attention_mask"].bool()
+    image_mask = (inputs["input_ids"] == image_token_id) & valid
+    if not image_mask.any(dim=-1).all():
+        raise DiagnosticsError(
+            f"the processor placed no image token (id {image_token_id}) in a prompt: check the chat template"
+        )
+    # the same rule for both encodings, so that the no-image ablation compares the same tokens
+    text_mask, rule = prompt_text_mask(processor, with_image, prompts, inputs, image_token_id)
+    text_only_mask, rule_text_only = prompt_text_mask(processor, without_image, prompts, text_only, image_token_id,
+                                                      rule)
+    if rule_text_only != rule:
+        text_mask, rule = prompt_text_mask(processor, with_image, prompts, inputs, image_token_id, rule_text_only)
+    return Batch(
+        samples=chunk,
+        inputs=inputs,
+        blank_pixel_values=blank_inputs["pixel_values"],
+        text_only=text_only,
+        image_mask=image_mask,
+        text_mask=text_mask,
+        template_mask=valid & ~image_mask & ~text_mask,
+        text_only_mask=text_only_mask,
+        text_rule=rule,
+    )
+
+
 def make_batches(
     processor, config, samples: list[Sample], batch_size: int, max_new_tokens: int, prompts_path: str = "prompts"
 ) -> list[Batch]:
-    """Encode every sample with the model's processor (left padding), checking each fits the context."""
-    from PIL import Image
-
-    processor.tokenizer.padding_side = "left"  # generation appends on the right
-    image_token_id = getattr(config, "image_token_id", None)
-    if image_token_id is None:
-        image_token_id = getattr(config, "image_token_index", None)
-    batches = []
-    for start in range(0, len(samples), batch_size):
-        chunk = samples[start : start + batch_size]
-        images = [open_image(s.image_path) for s in chunk]
-        blanks = [Image.new("RGB", im.size, BLANK_RGB) for im in images]
-        inputs = _encode(processor, [format_prompt(processor, s.prompt, True) for s in chunk], images)
-        _check_context(inputs, chunk, config, max_new_tokens, prompts_path)
-        blank_inputs = _encode(processor, [format_prompt(processor, s.prompt, True) for s in chunk], blanks)
-        text_only = _encode(processor, [format_prompt(processor, s.prompt, False) for s in chunk], None)
-        valid = inputs["attention_mask"].bool()
-        image_mask = (inputs["input_ids"] == image_token_id) & valid
-        if not image_mask.any(dim=-1).all():
-            raise DiagnosticsError(
-                f"the processor placed no image token (id {image_token_id}) in a prompt: check the chat template"
-            )
-        batches.append(
-            Batch(
-                samples=chunk,
-                inputs=inputs,
-                blank_pixel_values=blank_inputs["pixel_values"],
-                text_only=text_only,
-                image_mask=image_mask,
-                text_mask=valid & ~image_mask,
-                text_only_mask=text_only["attention_mask"].bool(),
-            )
-        )
-    return batches
+    """Encode every sample with the model's processor (left padding, as generation appends on the right; the
+    tokenizer's own padding side is restored after), checking each fits the context."""
+    tokenizer = processor.tokenizer
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        return [
+            _make_batch(processor, config, samples[start : start + batch_size], max_new_tokens, prompts_path)
+            for start in range(0, len(samples), batch_size)
+        ]
+    finally:
+        tokenizer.padding_side = side

@@ -11,11 +11,14 @@ import math
 
 import torch
 
+from modeling_llava_normaligned.modeling_llava_normaligned import TEXT_NORM_EPS, text_embedding_norm_target
+
 from .probe_points import ProbePoints
 
-# paper §5.1: rows with ||w|| <= eps (padding, never-trained rows) are left out of T
-TEXT_NORM_EPS = 1e-6
-MODALITIES = ("vision", "text", "all")
+# vision: image tokens; text: the tokens of the prompt's own text; template: the other non-padding tokens (BOS, chat
+# template markers and role names: attention sinks whose norms can dwarf the text's); all: vision + text, the
+# tokens whose layer-wide update norm and angle stand for the paper's C and phi (§3.1).
+MODALITIES = ("vision", "text", "template", "all")
 
 
 def _float(x) -> float | None:
@@ -46,7 +49,8 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
     """Statistics of the L2 norms of the LLM's input-embedding rows (paper Table 6) and the top-k rows (Tables 7-8).
 
     The image token's row is left out: it is never an input (vision features replace it). ``mean``/``std`` are over
-    the remaining rows; ``T`` is the mean over those with norm > eps (paper §5.1), the target of the aligned norm.
+    the remaining rows; ``T`` is the mean over those with norm > eps (paper §5.1), the target of the aligned norm,
+    computed by the model's own ``text_embedding_norm_target`` (the function ``compose`` sets ``norm_target`` with).
     """
     norms = points.embeddings.detach().float().norm(dim=-1).cpu()  # (V,)
     kept = torch.ones_like(norms, dtype=torch.bool)
@@ -54,7 +58,12 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
         kept[points.image_token_id] = False
     ids = torch.arange(norms.numel())[kept]
     rows = norms[kept]
-    nonzero = rows[rows > eps]
+    try:
+        # (V-1, 1): a one-wide row's L2 norm is its value, so this is T of the kept embedding rows, without a second
+        # copy of the (V, D) table on the device
+        target = text_embedding_norm_target(rows[:, None], eps)
+    except ValueError:  # every row is zero: T is undefined
+        target = None
     order = rows.argsort(descending=True)[:top_k]
     top = []
     for rank, index in enumerate(order.tolist(), 1):
@@ -72,7 +81,7 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
     return {
         "mean": float(rows.mean()),
         "std": float(rows.std(correction=0)),
-        "T": float(nonzero.mean()) if nonzero.numel() else None,
+        "T": target,
         "median": float(rows.median()),
         "min": float(rows.min()),
         "max": float(rows.max()),
@@ -112,7 +121,10 @@ def _derived(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 class LayerStats:
-    """Accumulates, for each modality, one (L+1,) curve per sample and statistic; summarises them as means."""
+    """Accumulates, for each modality, one (L+1,) curve per sample and statistic; summarises them as means.
+
+    Each statistic is the mean over the sample's tokens of that modality; ``norm_median`` is the median of their
+    norms instead, which one outlying token (an attention sink) cannot move far."""
 
     def __init__(self):
         self.curves: dict[str, dict[str, list[torch.Tensor]]] = {m: {} for m in MODALITIES}
@@ -127,6 +139,8 @@ class LayerStats:
                 for name, values in stacked.items():
                     curve = values[:, b, mask[b]].mean(dim=-1)  # (L+1,)
                     self.curves[modality].setdefault(name, []).append(curve)
+                median = stacked["norm"][:, b, mask[b]].median(dim=-1).values  # (L+1,)
+                self.curves[modality].setdefault("norm_median", []).append(median)
 
     def mean_curves(self, modality: str) -> dict[str, torch.Tensor]:
         return {name: torch.stack(curves).mean(0) for name, curves in self.curves[modality].items()}
@@ -135,7 +149,7 @@ class LayerStats:
         """(num_samples, L+1)."""
         return torch.stack(self.curves[modality][name])
 
-    def summary(self, modalities=("vision", "text")) -> dict:
+    def summary(self, modalities=("vision", "text", "template")) -> dict:
         result = {}
         for modality in modalities:
             if not self.curves[modality]:

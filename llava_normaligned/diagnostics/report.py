@@ -2,6 +2,8 @@
 
 Every file is written to a temporary name and renamed into place, so a crash never leaves a half-written file.
 The main model's numbers sit at the top level of the JSON; the baseline's, when given, under ``baseline``.
+These files are embedded in model cards and published with a checkpoint, so they name models and inputs by Hub id
+or by a folder's base name, never by a path on this machine.
 """
 
 from __future__ import annotations
@@ -30,7 +32,22 @@ def _versions() -> dict:
     return result
 
 
+# settings that name a model, a file or a folder
+PATH_SETTINGS = ("model", "baseline", "images", "prompts", "output_dir")
+
+
+def public_name(name: str | None) -> str | None:
+    """A Hub id as given; a local path (one that exists, or is written as a path) by its base name."""
+    if name is None:
+        return None
+    expanded = os.path.expanduser(str(name))
+    if os.path.isabs(expanded) or os.path.exists(expanded) or str(name).startswith(("./", "../", ".\\", "..\\")):
+        return os.path.basename(os.path.normpath(os.path.abspath(expanded)))
+    return str(name)
+
+
 def build_document(settings: dict, main: dict, baseline: dict | None) -> dict:
+    settings = {**settings, **{key: public_name(settings.get(key)) for key in PATH_SETTINGS if key in settings}}
     return {
         "format": FORMAT,
         "model_id": main["model_id"],
@@ -92,18 +109,18 @@ def _at(values, i):
 
 
 def layers_table(document: dict):
-    header = ["model", "model_id", "modality", "layer", "norm", "cos_to_layer0", "cos_to_prev", "update_abs",
-              "update_rel", "rotation_deg", "predicted_rotation_deg"]
+    header = ["model", "model_id", "modality", "layer", "norm", "norm_median", "cos_to_layer0", "cos_to_prev",
+              "update_abs", "update_rel", "rotation_deg", "predicted_rotation_deg"]
     rows = []
     for label, numbers in models(document):
         predicted = numbers["theory"]["predicted_rotation_deg"]
-        for modality in ("vision", "text"):
+        for modality in ("vision", "text", "template"):
             curves = numbers["layers"].get(modality)
             if not curves:
                 continue
             for layer in numbers["layers"]["index"]:
                 rows.append([label, numbers["model_id"], modality, layer]
-                            + [_at(curves[k], layer) for k in header[4:10]]
+                            + [_at(curves[k], layer) for k in header[4:11]]
                             + [_at(predicted.get(modality), layer)])
     return header, rows
 
@@ -205,7 +222,7 @@ def _mean_of(values):
 
 def _headline(numbers: dict) -> dict[str, str]:
     layers, attention = numbers["layers"], numbers["attention"]
-    vision, text = layers.get("vision") or {}, layers.get("text") or {}
+    vision, text, template = layers.get("vision") or {}, layers.get("text") or {}, layers.get("template") or {}
     sweep = numbers["alpha_sweep"]
     matching = sweep["norm_matching_alpha"]
     nearest = min(sweep["rows"], key=lambda r: abs(math.log(r["alpha"] / matching))) if matching else None
@@ -224,6 +241,9 @@ def _headline(numbers: dict) -> dict[str, str]:
             (numbers["vision_norm"]["after_norm"] or {}).get("mean"),
         ),
         "**vision / text norm ratio at the LLM input**": f"**{_fmt(numbers['vision_text_norm_ratio'])}**",
+        "text tokens at the LLM input ‖h_0‖: prompt text / template tokens": _pair(
+            _at(text.get("norm"), 0), _at(template.get("norm"), 0)
+        ),
         "update_rel at layer 1, vision / text": _pair(_at(vision.get("update_rel"), 1), _at(text.get("update_rel"), 1)),
         "cos(h_1, h_0), vision / text": _pair(_at(vision.get("cos_to_layer0"), 1), _at(text.get("cos_to_layer0"), 1)),
         "mean inter-layer cosine, vision / text": _pair(
@@ -293,7 +313,9 @@ def render_summary(document: dict, figures: list[str] = ()) -> str:
     lines += [
         "",
         "Ratios are means of vision-token norms over T, the mean norm of the LLM's non-zero text-embedding rows. "
-        "KL is taken from the unmodified run; the α-sweep figures average over all generated positions.",
+        "Text statistics are over the prompt's own text tokens; BOS and chat-template tokens are reported apart "
+        "(`layers.template` in the JSON). KL is taken from the unmodified run; the α-sweep figures average over all "
+        "generated positions.",
         "",
     ]
     return "\n".join(lines)

@@ -42,15 +42,12 @@ def _fan_out(*callbacks):
 
 
 def load(model_id: str, revision: str | None, config: DiagnoseConfig):
-    """(model, processor) of a Hub id or folder; a clear error when it is not a vision-language model."""
-    from transformers import AutoConfig
-
-    from llava_normaligned.inference import load_model
+    """(model, processor) of a Hub id or folder; a DiagnosticsError for every way loading can fail (config, device,
+    missing package, not a vision-language model)."""
+    from llava_normaligned.inference import load_config, load_model
 
     try:
-        model_config = AutoConfig.from_pretrained(
-            model_id, revision=revision, trust_remote_code=config.trust_remote_code
-        )
+        model_config = load_config(model_id, revision=revision, trust_remote_code=config.trust_remote_code)
     except (ValueError, OSError) as err:
         raise DiagnosticsError(f"cannot read the config of {model_id!r}: {err}") from err
     if getattr(model_config, "vision_config", None) is None:
@@ -66,7 +63,7 @@ def load(model_id: str, revision: str | None, config: DiagnoseConfig):
             dtype=config.dtype,
             trust_remote_code=config.trust_remote_code,
         )
-    except (ValueError, KeyError, OSError) as err:
+    except (ValueError, KeyError, OSError, RuntimeError, ImportError) as err:  # RuntimeError: a device it lacks
         raise DiagnosticsError(f"cannot load {model_id!r} as an image-text-to-text model: {err}") from err
 
 
@@ -80,6 +77,7 @@ class Accumulators:
     ablations: blog.Ablations
     kv: blog.KVSubstitution
     generated: list
+    text_rules: set
 
     @classmethod
     def new(cls, num_layers: int, alphas) -> Accumulators:
@@ -92,6 +90,7 @@ class Accumulators:
             ablations=blog.Ablations(),
             kv=blog.KVSubstitution(),
             generated=[],
+            text_rules=set(),
         )
 
 
@@ -100,8 +99,10 @@ class Positions:
     """Masks over the teacher-forced sequence (prompt of S_p tokens + n-1 greedy tokens), each (B, S_p + n - 1)."""
 
     vision: torch.Tensor  # image tokens
-    prompt_text: torch.Tensor  # the prompt's other non-padding tokens
-    text_keys: torch.Tensor  # every non-padding non-image token, generated ones included
+    prompt_text: torch.Tensor  # the tokens of the prompt's own text
+    template: torch.Tensor  # the prompt's other non-padding tokens (BOS, chat-template tokens)
+    text_keys: torch.Tensor  # every non-padding non-image token, template and generated ones included (as keys,
+    # vision and text then share all the attention)
     prefill_queries: torch.Tensor  # prompt text tokens after the first image token
     decode_queries: torch.Tensor  # the generated tokens fed back
     scored: slice  # the n positions predicting the greedy tokens
@@ -116,7 +117,8 @@ class Positions:
         return cls(
             vision=torch.cat([batch.image_mask, pad], 1),
             prompt_text=torch.cat([batch.text_mask, pad], 1),
-            text_keys=torch.cat([batch.text_mask, ~pad], 1),
+            template=torch.cat([batch.template_mask, pad], 1),
+            text_keys=torch.cat([batch.text_mask | batch.template_mask, ~pad], 1),
             prefill_queries=torch.cat([batch.text_mask & after_image, pad], 1),
             decode_queries=torch.cat([torch.zeros_like(batch.image_mask), ~pad], 1),
             scored=slice(prompt_length - 1, prompt_length + extra),
@@ -137,7 +139,8 @@ def _reference_pass(points: ProbePoints, batch: Batch, appended, pos: Positions,
     for stage, values in projector.records.items():
         acc.vision_norms[stage] += values
     stacked = residual.stacked()
-    acc.layers.add(stacked, {"vision": pos.vision, "text": pos.prompt_text, "all": pos.vision | pos.prompt_text})
+    acc.layers.add(stacked, {"vision": pos.vision, "text": pos.prompt_text, "template": pos.template,
+                             "all": pos.vision | pos.prompt_text})
     acc.ablations.add("real", stacked, pos.prompt_text)
     return torch.log_softmax(out.logits.float(), dim=-1).cpu(), passes.output_cache(out)
 
@@ -190,6 +193,7 @@ def diagnose_batch(points: ProbePoints, batch: Batch, config: DiagnoseConfig, ac
     if batch.image_mask[:, -1].any():
         raise DiagnosticsError("a formatted prompt ends with an image token: the probes need a text token last")
     n = config.max_new_tokens
+    acc.text_rules.add(batch.text_rule)
     stage("greedy decoding")
     greedy = passes.greedy_continuation(points.model, batch.inputs, n)  # (B, n)
     acc.generated += tokenizer.batch_decode(greedy, skip_special_tokens=False)
@@ -208,11 +212,13 @@ def diagnose_batch(points: ProbePoints, batch: Batch, config: DiagnoseConfig, ac
 
 
 def _model_facts(model_id: str, revision, points: ProbePoints) -> dict:
+    from .report import public_name
+
     config = points.model.config
     text_config = getattr(config, "text_config", config)
     vision_config = getattr(config, "vision_config", None)
     return {
-        "model_id": model_id,
+        "model_id": public_name(model_id),
         "revision": revision,
         "model_class": type(points.model).__name__,
         "model_type": getattr(config, "model_type", None),
@@ -233,6 +239,7 @@ def summarise(acc: Accumulators, text_norm: dict, samples: list[Sample]) -> dict
     pooled = {name: curve.tolist() for name, curve in acc.layers.mean_curves("all").items()}
     llm_input = vision_norm["llm_input"]
     text_layer0 = layers["text"]["norm"][0] if layers.get("text") else None
+    text_median0 = layers["text"]["norm_median"][0] if layers.get("text") else None
     return {
         "num_samples": len(samples),
         "samples": [
@@ -245,6 +252,15 @@ def summarise(acc: Accumulators, text_norm: dict, samples: list[Sample]) -> dict
         "vision_text_norm_ratio_prompt": (
             layers["vision"]["norm"][0] / text_layer0 if layers.get("vision") and text_layer0 else None
         ),
+        "vision_text_norm_ratio_prompt_median": (
+            layers["vision"]["norm_median"][0] / text_median0 if layers.get("vision") and text_median0 else None
+        ),
+        "text_tokens": {
+            "rule": ", ".join(sorted(acc.text_rules)),  # inputs.TEXT_RULE_SPAN, or the fallback
+            "text": "the tokens of the prompt's own text",
+            "template": "the other non-image tokens of the formatted prompt (BOS, chat-template tokens), reported "
+            "apart from the text",
+        },
         "layers": layers,
         "attention": acc.attention.summary(),
         "alpha_sweep": acc.sweep.summary(target),
