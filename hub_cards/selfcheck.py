@@ -442,7 +442,7 @@ for _name in _HIDDEN:
         pass
     else:
         raise SystemExit(f"isolation failed: {{_name}} is still importable")
-del _abc, _name
+del _abc
 """
 
 
