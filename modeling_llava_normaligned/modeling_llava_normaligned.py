@@ -40,7 +40,8 @@ def text_embedding_norm_target(embedding_weight: torch.Tensor, eps: float = TEXT
         raise ValueError("text embeddings: expected a non-empty (vocab_size, hidden_size) matrix to compute T from")
     if embedding_weight.device.type == "meta":
         raise ValueError("text embeddings are on the meta device (not loaded): cannot compute T from them")
-    norms = embedding_weight.detach().float().norm(dim=-1)  # (V,)
+    # (V,), in chunks: a float32 copy of a whole 150k x 3584 table would cost 2 GB
+    norms = torch.cat([rows.float().norm(dim=-1) for rows in embedding_weight.detach().split(16384)])
     kept = norms[norms > eps]
     if kept.numel() == 0:
         raise ValueError(f"text embeddings: every row has L2 norm <= {eps}; T (paper §5.1) is undefined")

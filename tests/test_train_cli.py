@@ -150,3 +150,56 @@ def test_train_cli_reads_a_messages_dataset(tiny_model_dir, data, tmp_path):
     with open(out / SUMMARY_FILE) as handle:
         summary = json.load(handle)
     assert summary["data"]["load"]["sources"] == [str(saved)] and summary["data"]["load"]["rows_kept"] == 9
+
+
+def test_train_cli_reports_what_trains_on_its_console(tiny_model_dir, data, tmp_path):
+    """A fresh process with the default --log_level: the freezing, the optimizer groups and the data summaries are
+    printed (transformers' passive level would hide them)."""
+    path, images = data
+    proc = subprocess.run(
+        [sys.executable, "-m", "llava_normaligned.cli", "train", "--stage", "1", "--model", tiny_model_dir,
+         "--data-path", path, "--image-folder", images, "--output-dir", str(tmp_path / "out"), *FAST],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for text in ("stage 1: what trains", "projector: trains", "llm: frozen", "optimizer group projector",
+                 "9/9 rows kept", "8/9 rows to train on"):
+        assert text in proc.stderr, text
+
+
+def test_errors_during_training_are_not_turned_into_usage_errors(tiny_model_dir, data, tmp_path, monkeypatch):
+    """Bad inputs exit with code 2 and a message before training starts; an error raised while training keeps its
+    type and traceback."""
+    from llava_normaligned.trainer.train import LlavaStageTrainer
+
+    def fail(self, model, inputs, num_items_in_batch=None):
+        raise ValueError("raised inside training_step")
+
+    monkeypatch.setattr(LlavaStageTrainer, "training_step", fail)
+    path, images = data
+    with pytest.raises(ValueError, match="inside training_step"):
+        main(["--stage", "1", "--model", tiny_model_dir, "--data-path", path, "--image-folder", images,
+              "--output-dir", str(tmp_path / "out"), *FAST])
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--stage", "2", "--lora-vision"], "only apply with --use_peft"),
+    (["--stage", "2", "--merge-adapter"], "only apply with --use_peft"),
+    (["--stage", "2", "--use_peft", "--train-vision", "True"], "add --lora-vision"),
+    (["--stage", "2", "--use_peft", "--lora-vision", "--lora_target_modules", "q_proj"], "no effect"),
+    (["--stage", "2", "--use_peft", "--lora-vision", "--train-vision", "False"], "contradict"),
+    (["--stage", "1", "--train-vision", "True"], "stage 1 keeps the vision tower frozen"),
+])
+def test_flags_that_would_do_nothing_are_refused(flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse_train_args(["--model", "m", "--data-path", "d.json", "--output-dir", "out", *flags])
+
+
+def test_lora_vision_puts_adapters_on_the_vision_tower():
+    from llava_normaligned.trainer.lora import VISION_TARGETS, stage2_lora_config
+
+    stage_args, _, model_args, _ = parse_train_args(
+        ["--stage", "2", "--model", "m", "--data-path", "d.json", "--output-dir", "out", "--use_peft", "--lora-vision"])
+    assert stage_args.lora_vision and stage_args.train_vision is None
+    assert VISION_TARGETS in stage2_lora_config(model_args, lora_vision=stage_args.lora_vision).target_modules

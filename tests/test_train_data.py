@@ -12,10 +12,9 @@ from llava_normaligned.trainer.collator import IGNORE_INDEX, ImageDecodeError, L
 from llava_normaligned.trainer.data import (
     DataError,
     load_llava_json,
-    load_llava_json_with_report,
-    load_messages_dataset_with_report,
+    load_messages_dataset,
 )
-from llava_normaligned.trainer.masking import TemplateError, has_generation_markers
+from llava_normaligned.trainer.masking import has_generation_markers
 from llava_normaligned.trainer.preprocess import prepare_dataset
 from test_train_support import write_llava_dataset
 
@@ -41,7 +40,7 @@ def test_llava_json_multi_turn_text_only_and_image_placement(dataset_files, tmp_
          "conversations": [{"from": "gpt", "value": "dropped lead"}, {"from": "human", "value": "colour?\n<image>"},
                            {"from": "gpt", "value": "green"}]},
     ])
-    dataset, report = load_llava_json_with_report(f"{path},{extra}", images)
+    dataset, report = load_llava_json(f"{path},{extra}", images, return_report=True)
     assert len(dataset) == 8 and report.rows_kept == 8 and report.text_only_rows == 1
     assert report.leading_assistant_turns_dropped == 1  # as LLaVA's preprocess does
     first = dataset[0]
@@ -73,7 +72,7 @@ def test_llava_json_bad_rows_are_named_or_skipped(dataset_files, tmp_path, row, 
     with pytest.raises(DataError) as err:
         load_llava_json(path, images)
     assert message in str(err.value) and f"id {row['id']!r}" in str(err.value) and "rows.json row 1" in str(err.value)
-    dataset, report = load_llava_json_with_report(path, images, on_bad_row="skip")
+    dataset, report = load_llava_json(path, images, on_bad_row="skip", return_report=True)
     assert len(dataset) == 1 and report.bad_rows_skipped == 1 and report.rows_read == 2
 
 
@@ -92,7 +91,7 @@ def test_missing_and_unreadable_images_name_the_row_or_are_skipped(dataset_files
     text = str(err.value)
     assert "2 row(s)" in text and "'gone'" in text and "missing.png: file not found" in text
     assert "'junk'" in text and "unreadable" in text
-    dataset, report = load_llava_json_with_report(path, images, on_bad_image="skip")
+    dataset, report = load_llava_json(path, images, on_bad_image="skip", return_report=True)
     assert dataset["id"] == ["fine"] and report.bad_images_skipped == 2
     # "exists" does not open files: the junk file passes up front (the collator names it later)
     dataset = load_llava_json(path, images, check_images="exists", on_bad_image="skip")
@@ -106,7 +105,7 @@ def test_messages_dataset_saved_and_parquet(dataset_files, tmp_path):
     os.makedirs(tmp_path / "pq")
     dataset.to_parquet(str(tmp_path / "pq" / "train.parquet"))
     for source in (tmp_path / "saved", tmp_path / "pq"):
-        loaded, report = load_messages_dataset_with_report(str(source))
+        loaded, report = load_messages_dataset(str(source), return_report=True)
         assert loaded["id"] == dataset["id"] and report.text_only_rows == 1
         assert loaded[1]["messages"] == dataset[1]["messages"] and loaded[1]["images"][0].size == (32, 32)
 
@@ -125,10 +124,36 @@ def test_messages_dataset_with_image_parts(tmp_path):
              "images": [Image.new("RGB", (8, 8), "red")]}]
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "parts"))
     with pytest.raises(DataError, match="2 image part"):
-        load_messages_dataset_with_report(str(tmp_path / "parts"))
-    loaded, report = load_messages_dataset_with_report(str(tmp_path / "parts"), on_bad_row="skip")
+        load_messages_dataset(str(tmp_path / "parts"), return_report=True)
+    loaded, report = load_messages_dataset(str(tmp_path / "parts"), on_bad_row="skip", return_report=True)
     assert len(loaded) == 1 and report.bad_rows_skipped == 1
     assert loaded[0]["messages"] == [{"role": "user", "content": "what?"}, {"role": "assistant", "content": "red"}]
+
+
+def test_single_image_column_moves_as_stored(tmp_path):
+    """A dataset with one ``image`` column: the images reach ``images`` as stored, never decoded while loading, so
+    an unreadable one is named by the image check (or skipped), not a crash inside ``datasets.map``."""
+    import io
+
+    from datasets import Dataset, Features, Image, List, Value
+    from PIL import Image as PILImage
+
+    buffer = io.BytesIO()
+    PILImage.new("RGB", (16, 16), (200, 30, 30)).save(buffer, format="JPEG", quality=75)
+    jpeg = buffer.getvalue()
+    turn = [{"role": "user", "content": "colour?"}, {"role": "assistant", "content": "red"}]
+    features = Features({"id": Value("string"), "messages": List({"role": Value("string"), "content": Value("string")}),
+                         "image": Image()})
+    Dataset.from_dict({"id": ["good", "text", "broken"], "messages": [turn] * 3,
+                       "image": [{"bytes": jpeg, "path": None}, None, {"bytes": b"not an image", "path": None}]},
+                      features=features).save_to_disk(str(tmp_path / "single"))
+    with pytest.raises(DataError, match=r"id 'broken'.*unreadable"):
+        load_messages_dataset(str(tmp_path / "single"))
+    loaded, report = load_messages_dataset(str(tmp_path / "single"), on_bad_image="skip", return_report=True)
+    assert loaded["id"] == ["good", "text"] and report.bad_images_skipped == 1 and report.text_only_rows == 1
+    stored = loaded.cast_column("images", List(Image(decode=False)))
+    assert stored[0]["images"][0]["bytes"] == jpeg and stored[1]["images"] == []
+    assert loaded[0]["images"][0].size == (16, 16)  # decodes on access, as TRL expects
 
 
 # ---------------------------------------------------------------------------------------- answer-only labels
@@ -146,7 +171,7 @@ def test_labels_keep_only_answers(tiny_processor, dataset_files, markers):
     dataset = load_llava_json(path, images)
     template = None if markers else _no_markers(tiny_processor.chat_template)
     prepared, report = prepare_dataset(dataset, tiny_processor, max_length=128, chat_template=template)
-    assert report.masking == ("generation-markers" if markers else "prefix-rendering")
+    assert report.masking == ("generation-markers" if markers else "placeholder-rendering")
     batch = LlavaTrainingCollator(tiny_processor, max_length=128)([prepared[i] for i in (0, 1, 6)])
     tok = tiny_processor.tokenizer
     labels, ids = batch["labels"], batch["input_ids"]
@@ -172,16 +197,21 @@ def test_both_masking_methods_agree_on_a_chatml_template(tiny_processor, dataset
     assert with_markers["spans"] == without["spans"]
 
 
-def test_template_that_rewrites_earlier_turns_is_refused(tiny_processor, dataset_files):
+def test_template_that_renders_the_last_turn_differently_is_located(tiny_processor, dataset_files):
     path, images = dataset_files
     dataset = load_llava_json(path, images).select([0])
-    # renders the last message differently from the same message followed by more turns
+    # renders the last message differently from the same message followed by more turns (a prefix of the
+    # conversation is not a prefix of its rendering): the answers are still found by position
     odd = _no_markers(tiny_processor.chat_template).replace(
-        "{{ '<|im_start|>' + message['role'] + '\n' }}",
-        "{{ '<|im_start|>' + message['role'] + ('-last' if loop.last else '') + '\n' }}",
+        "{{ '<|im_start|>assistant\n' }}",
+        "{{ '<|im_start|>assistant' + ('-last' if loop.last else '') + '\n' }}",
+        1,  # the turns, not the generation prompt
     )
-    with pytest.raises(TemplateError, match="prefix"):
-        prepare_dataset(dataset, tiny_processor, max_length=None, chat_template=odd)
+    assert odd != _no_markers(tiny_processor.chat_template)
+    prepared, _ = prepare_dataset(dataset, tiny_processor, max_length=None, chat_template=odd)
+    text = prepared[0]["rendered"]
+    assert "<|im_start|>assistant-last\n" in text
+    assert [text[s:e] for s, e in prepared[0]["spans"]] == ["red<|im_end|>", "no<|im_end|>"]
 
 
 # --------------------------------------------------------------------------------------- length and images

@@ -1,4 +1,6 @@
-"""Two-process DDP over gloo on the CPU (torchrun): both ranks train and end with identical weights."""
+"""Two-process DDP over gloo on the CPU (torchrun), as TRL runs by default (gradient checkpointing on), with a
+text-only row on one process at every step: both ranks train and end with identical weights; the images are
+checked and the rows rendered once, by the main process, and shared."""
 
 from __future__ import annotations
 
@@ -20,20 +22,25 @@ RANK_SCRIPT = textwrap.dedent('''
     from trl import SFTConfig
     from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
     from llava_normaligned.trainer.data import load_llava_json
-    from llava_normaligned.trainer.train import train_stage
+    from llava_normaligned.trainer.train import shared_image_checker, train_stage
 
     model_dir, data, images, out = sys.argv[1:5]
-    args = SFTConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], gradient_checkpointing=False,
-                     max_steps=3, per_device_train_batch_size=2, logging_steps=1, save_strategy="no",
+    # one row per process and step over two rows, one of them text-only: at every step one process gives the vision
+    # tower and the projector no gradient, under gradient checkpointing (TRL's default)
+    args = SFTConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], gradient_checkpointing=True,
+                     max_steps=3, per_device_train_batch_size=1, logging_steps=1, save_strategy="no",
                      learning_rate=1e-3, seed=0, disable_tqdm=True)
+    dataset, report = load_llava_json(data, images, return_report=True, image_checker=shared_image_checker(args))
     model = LlavaNormAlignedForConditionalGeneration.from_pretrained(model_dir)
-    result = train_stage(model, AutoProcessor.from_pretrained(model_dir), load_llava_json(data, images),
-                         stage=2, args=args, lr_vision=2e-4)
+    result = train_stage(model, AutoProcessor.from_pretrained(model_dir), dataset, stage=2, args=args,
+                         lr_vision=2e-4, data_report=report)
     rank = dist.get_rank()
     torch.save({n: p.detach() for n, p in result.model.named_parameters()}, os.path.join(out, f"rank{rank}.pt"))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"rank": rank, "world_size": dist.get_world_size(), "backend": dist.get_backend(),
-                   "pid": os.getpid(), "parallel_mode": str(args.parallel_mode)}, handle)
+                   "pid": os.getpid(), "parallel_mode": str(args.parallel_mode),
+                   "find_unused": args.ddp_find_unused_parameters, "images_checked_here": report.images_checked_here,
+                   "prepare": result.summary["data"]["prepare"]}, handle)
 ''')
 
 
@@ -46,12 +53,13 @@ def _free_port() -> int:
 def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
-    path, images = write_llava_dataset(tmp_path / "data", n_rows=8, text_only=1)
+    path, images = write_llava_dataset(tmp_path / "data", n_rows=1, text_only=1, multi_turn_every=0)
     script = tmp_path / "rank_script.py"
     script.write_text(RANK_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
                str(script), tiny_model_dir, path, images, str(out)]
@@ -69,6 +77,12 @@ def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["pid"] != ranks[1]["pid"]
     assert all(r["world_size"] == 2 and r["backend"] == "gloo" and r["parallel_mode"] == "ParallelMode.DISTRIBUTED"
                for r in ranks)
+    assert all(r["find_unused"] is True and r["prepare"]["text_only_rows"] == 1 for r in ranks)
+    # the one image was opened by the main process only; the rows were rendered there and read from its file
+    assert [r["images_checked_here"] for r in ranks] == [1, 0]
+    assert [r["prepare"]["read_from_cache"] for r in ranks] == [False, True]
+    cache_file = ranks[0]["prepare"]["cache_file"]
+    assert ranks[1]["prepare"]["cache_file"] == cache_file and cache_file.startswith(str(tmp_path / "datasets_cache"))
     w0, w1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
     assert w0.keys() == w1.keys()
     for name in w0:
@@ -76,4 +90,5 @@ def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_
     initial = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     moved = [n for n in w0 if n in initial and not torch.equal(initial[n], w0[n])]
     assert any("language_model" in n for n in moved) and any("multi_modal_projector" in n for n in moved)
+    assert any("vision_tower" in n for n in moved)  # the image row's process trained it
     assert (out / "model.safetensors").exists()  # rank 0 saved the final model

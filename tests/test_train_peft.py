@@ -100,3 +100,28 @@ def test_train_cli_qlora_with_merged_output(tiny_model_dir, tmp_path):
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert "model.multi_modal_projector.norm.weight" in moved
     assert any(k.startswith("model.language_model.layers.") and "proj" in k for k in moved)  # LoRA merged in
+
+
+def test_train_vision_under_peft_follows_the_adapters(tiny_model_dir):
+    """Under PEFT the vision tower trains through adapters (``lora_vision``); ``train_vision=False`` freezes them,
+    ``train_vision=True`` without them is refused rather than ignored."""
+    from llava_normaligned.trainer.stages import freeze_stage2
+    from peft import get_peft_model
+
+    def peft_model(lora_vision):
+        model, _ = load_checkpoint(tiny_model_dir)
+        config = stage2_lora_config(ModelConfig(use_peft=True, lora_r=4, lora_alpha=8), lora_vision=lora_vision)
+        return get_peft_model(model, config)
+
+    with_vision = peft_model(lora_vision=True)
+    assert freeze_stage2(with_vision).trainable["vision_tower"] > 0  # default: the adapters on it train
+    trained = {n for n, p in with_vision.named_parameters() if "vision_tower" in n and p.requires_grad}
+    adapters = {n for n, _ in with_vision.named_parameters() if "vision_tower" in n and "lora_" in n}
+    # the adapters of the layer LLaVA reads train; those of the last layer and the pooling head (never read) do not
+    assert trained == {n for n in adapters if ".encoder.layers.0." in n} and len(trained) == 12
+    report = freeze_stage2(with_vision, train_vision=False)
+    assert report.trainable["vision_tower"] == 0 and report.trainable["llm"] > 0 and report.trainable["projector"] > 0
+    without = peft_model(lora_vision=False)
+    assert freeze_stage2(without).trainable["vision_tower"] == 0
+    with pytest.raises(ValueError, match="no adapter on the vision tower"):
+        freeze_stage2(without, train_vision=True)

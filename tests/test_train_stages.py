@@ -175,3 +175,101 @@ def test_skipping_unused_vision_compute_changes_no_loss_or_gradient(tiny_model, 
     for name, grad in full_grads.items():
         assert torch.equal(grad, skipped_grads[name]), name
     assert "forward" not in vars(layers[0]) and "forward" not in vars(heads[0])  # restored
+
+
+# ------------------------------------------------------------------------------------- gradient checkpointing
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_gradient_checkpointing_trains_the_same_weights(tiny_model_dir, tiny_processor, dataset, tmp_path, stage):
+    """TRL's default and every recipe turn gradient checkpointing on: same parts trained, same weights as without."""
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+
+    trained = {}
+    for checkpointing in (False, True):
+        model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)
+        before = snapshot(model)
+        # an LLM layer's first norm runs once per step, twice when checkpointing recomputes the layer in backward
+        calls = []
+        hook = model.model.language_model.layers[0].input_layernorm.register_forward_hook(
+            lambda *_, calls=calls: calls.append(1))
+        args = cpu_config(tmp_path / f"gc-{checkpointing}", gradient_checkpointing=checkpointing, max_steps=2)
+        result = train_stage(model, tiny_processor, dataset, stage=stage, args=args, lr_vision=2e-4, save=False)
+        hook.remove()
+        assert result.summary["training"]["gradient_checkpointing"] is checkpointing
+        assert len(calls) == 2 * (2 if checkpointing else 1)
+        moved = changed(before, result.model)
+        expected = PROJECTOR_PARAMS if stage == 1 else set(before) - set(unused_vision_parameters(model))
+        assert moved == expected
+        trained[checkpointing] = dict(result.model.named_parameters())
+    for name, param in trained[True].items():
+        torch.testing.assert_close(param, trained[False][name], rtol=0, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------------- logging of the parts
+
+
+def test_per_part_rates_and_pre_clip_gradient_norms_are_logged(tiny_model, tiny_processor, dataset, tmp_path):
+    """A zero LLM rate trains nothing there and logs 0; each part's gradient norm is logged before clipping."""
+    before = snapshot(tiny_model)
+    args = cpu_config(tmp_path / "rates", max_steps=2, max_grad_norm=1e-3, lr_scheduler_type="constant")
+    result = train_stage(tiny_model, tiny_processor, dataset, stage=2, args=args, lr_llm=0.0, lr_vision=2e-4,
+                         lr_projector=5e-4, save=False)
+    moved = changed(before, result.model)
+    assert not {n for n in moved if "language_model" in n or n.startswith("lm_head")}
+    assert any("vision_tower" in n for n in moved) and PROJECTOR_PARAMS <= moved
+    logged = [e for e in result.trainer.state.log_history if "loss" in e]
+    assert len(logged) == 2
+    for entry in logged:
+        assert (entry["learning_rate/llm"], entry["learning_rate/vision_tower"]) == (0.0, 2e-4)
+        assert entry["learning_rate/projector"] == 5e-4
+        parts = {k.split("/", 1)[1]: v for k, v in entry.items() if k.startswith("grad_norm/")}
+        assert set(parts) == {"llm", "vision_tower", "projector", "projector_norm"}
+        # the Trainer's grad_norm is the pre-clip total: the parts add up to it, far above max_grad_norm
+        assert sum(v * v for v in parts.values()) ** 0.5 == pytest.approx(entry["grad_norm"], rel=1e-4)
+        assert entry["grad_norm"] > 100 * args.max_grad_norm
+
+
+def test_rows_skipped_counts_training_batches_only(tiny_model, tiny_processor, tmp_path):
+    """A row whose image fails to decode (skip policy) is counted each time training meets it, never in eval."""
+    path, images = write_llava_dataset(tmp_path / "data", n_rows=3, text_only=0, multi_turn_every=0)
+    broken = tmp_path / "data" / "images" / "broken.png"
+    broken.write_bytes(b"\x89PNG broken")
+    with open(path) as handle:
+        rows = json.load(handle) + [{"id": "late", "image": str(broken), "conversations": [
+            {"from": "human", "value": "<image>\nq"}, {"from": "gpt", "value": "a"}]}]
+    with open(path, "w") as handle:
+        json.dump(rows, handle)
+    data = load_llava_json(path, images, check_images="exists")
+    args = cpu_config(tmp_path / "skips", max_steps=2, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                      eval_strategy="steps", eval_steps=1)
+    result = train_stage(tiny_model, tiny_processor, data, stage=2, args=args, eval_dataset=data,
+                         on_bad_image="skip", save=False)
+    assert sum(1 for e in result.trainer.state.log_history if "eval_loss" in e) == 2  # the row was evaluated twice
+    assert result.summary["data"]["rows_skipped_in_training"] == 2  # one epoch per step: met twice in training
+
+
+# --------------------------------------------------------------------------------------------- chat template
+
+
+def test_chat_template_path_is_used_for_training_and_saved(tiny_model, tiny_processor, dataset, tmp_path):
+    """``--chat_template_path`` is applied before the rows are rendered (also when the processor has none), and the
+    saved processor carries the template the model was trained with."""
+    from test_train_templates import LLAMA_3_2
+    from transformers import AutoProcessor
+
+    from llava_normaligned.compose import multimodal_chat_template
+
+    template_file = tmp_path / "llama3.2.jinja"
+    template_file.write_text(LLAMA_3_2)
+    tiny_processor.chat_template = None
+    args = cpu_config(tmp_path / "templated", max_steps=1, chat_template_path=str(template_file))
+    result = train_stage(tiny_model, tiny_processor, dataset, stage=1, args=args)
+    assert args.chat_template_path is None  # applied here; TRL does not apply it again after rendering
+    rendered = result.trainer.train_dataset["rendered"]
+    assert all("<|start_header_id|>assistant<|end_header_id|>" in text for text in rendered)
+    saved = AutoProcessor.from_pretrained(result.output_dir)
+    assert saved.chat_template == multimodal_chat_template(LLAMA_3_2, tiny_processor.tokenizer)
+    batch = LlavaTrainingCollator(tiny_processor)([result.trainer.train_dataset[0]])
+    labels = batch["labels"][0]
+    assert tiny_processor.tokenizer.decode(batch["input_ids"][0][labels != -100]).endswith("<|eot_id|>")

@@ -61,7 +61,9 @@ class StageArguments:
     lr_llm: float | None = field(default=None, metadata={"help": "LLM learning rate (default: --learning_rate)"})
     lr_vision: float | None = field(default=None, metadata={
         "help": "vision tower learning rate, stage 2 (default: --learning_rate)"})
-    train_vision: bool = field(default=True, metadata={"help": "stage 2: train the vision tower (paper: yes)"})
+    train_vision: bool | None = field(default=None, metadata={
+        "help": "stage 2: train the vision tower (default: yes, as the paper; under --use_peft: through adapters when "
+                "--lora-vision puts them there). False freezes it"})
     global_batch_size: int | None = field(default=None, metadata={
         "help": "sets gradient_accumulation_steps = global / (per-device batch x processes)"})
     # the paper's ablation (Tables 4/5): applied to the model before stage 1
@@ -72,6 +74,8 @@ class StageArguments:
         "help": "stage 1 variant: 'target' (gain T/sqrt(D)) or 'default' (gain 1)", "choices": ["target", "default"]})
     gradient_compensation: bool | None = field(default=None, metadata={
         "help": "stage 1 variant: Global Weight Compensation on/off"})
+    lora_vision: bool = field(default=False, metadata={
+        "help": "with --use_peft: LoRA adapters on the vision tower's linear layers too (default: the LLM's only)"})
     merge_adapter: bool = field(default=False, metadata={
         "help": "with --use_peft: also save the base model with the adapter merged in, to OUTPUT_DIR/merged"})
 
@@ -86,6 +90,8 @@ class StageArguments:
             raise ValueError("give exactly one of --data-path (LLaVA JSON) and --dataset-name (messages + images)")
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise ValueError(f"--global-batch-size must be positive, got {self.global_batch_size}")
+        if self.stage == 1 and self.train_vision:
+            raise ValueError("--train-vision: stage 1 keeps the vision tower frozen (paper §5.2); it is a stage-2 flag")
 
     def variant(self) -> dict:
         """The ablation fields given (``projector_norm`` as the model config spells it: ``None`` for 'none')."""
@@ -100,6 +106,24 @@ class StageArguments:
 
 
 DATACLASSES = (StageArguments, SFTConfig, ModelConfig)
+
+
+def check_peft_flags(stage_args: StageArguments, model_args: ModelConfig) -> None:
+    """Refuse flags that would do nothing: the adapter flags without ``--use_peft``, ``--lora-vision`` where
+    ``--lora_target_modules`` already chose the targets, and ``--train-vision`` under PEFT with no adapter on the
+    vision tower."""
+    if not model_args.use_peft:
+        given = [flag for flag, value in (("--lora-vision", stage_args.lora_vision),
+                                          ("--merge-adapter", stage_args.merge_adapter)) if value]
+        if given:
+            raise ValueError(f"{' and '.join(given)} only apply with --use_peft (LoRA/QLoRA)")
+        return
+    if stage_args.lora_vision and model_args.lora_target_modules:
+        raise ValueError("--lora-vision has no effect with --lora_target_modules: name the vision layers there")
+    if stage_args.train_vision and not stage_args.lora_vision and not model_args.lora_target_modules:
+        raise ValueError("--train-vision under --use_peft trains the vision tower through adapters: add --lora-vision")
+    if stage_args.train_vision is False and stage_args.lora_vision:
+        raise ValueError("--train-vision False and --lora-vision contradict each other")
 
 
 def make_parser() -> TrlParser:
@@ -230,7 +254,17 @@ def parse_train_args(argv: list[str] | None = None):
         names = {f.name for f in dataclasses.fields(dataclass_type) if f.init}
         built.append(dataclass_type(**{k: v for k, v in values.items() if k in names}))
     stage_args, sft_args, model_args = built
+    check_peft_flags(stage_args, model_args)
     return stage_args, sft_args, model_args, config_files
 
 
-__all__ = ["StageArguments", "accumulation_steps", "has_accelerator", "make_parser", "parse_train_args", "recipe_names", "resolve_config"]
+__all__ = [
+    "StageArguments",
+    "accumulation_steps",
+    "check_peft_flags",
+    "has_accelerator",
+    "make_parser",
+    "parse_train_args",
+    "recipe_names",
+    "resolve_config",
+]

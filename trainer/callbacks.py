@@ -10,7 +10,11 @@ extra setup), every logging step:
     norm/gain_abs_mean           mean |g| of the projector norm's gain            (paper Table 5)
     norm/gain_l2                 ||g||_2                                          (paper Table 5)
     norm/bias_abs_mean           mean |b|                                         (paper Table 5)
-    norm/gain_grad_abs_mean      mean |dL/dg| at the optimizer step
+    norm/gain_grad_abs_mean      mean |dL/dg| at the optimizer step, AFTER gradient clipping (``max_grad_norm``):
+                                 GWC multiplies the gradients below the norm by 1 / mean|g| (sqrt(D) / T at a
+                                 target init: about 47 in the demo), so clipping is often active. ``train_stage``
+                                 also logs the pre-clip gradient norm of each part, ``grad_norm/<part>``
+                                 (``part_gradient_norms``)
     norm/gwc_factor              1 / clamp(mean |g|, delta), the GWC factor       (paper §5.1; only with GWC on)
 
 On a stock LLaVA (or the "w/o Norm" variant) only the first three are logged: the gain and GWC fields are absent.
@@ -32,23 +36,16 @@ import os
 import torch
 from transformers import TrainerCallback
 
+from .stages import llava_base, part_of
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "norm/"
 NORM_TRACKING_FILE = "norm_tracking.json"
-_ROW_CHUNK = 16384  # embedding rows per chunk when computing T (no (V, D) float32 copy of a large vocabulary)
-
-
-def _llava_base(model):
-    """The LlavaModel inside a ForConditionalGeneration, a PEFT wrapper or a DDP/FSDP-wrapped model."""
-    inner = getattr(model, "module", model)
-    if hasattr(inner, "get_base_model"):
-        inner = inner.get_base_model()
-    return getattr(inner, "model", inner)
 
 
 def projector_of(model):
-    projector = getattr(_llava_base(model), "multi_modal_projector", None)
+    projector = getattr(llava_base(model), "multi_modal_projector", None)
     if projector is None:
         raise ValueError(f"{type(model).__name__} has no multi_modal_projector: not a LLaVA model")
     # PEFT modules_to_save wraps the projector; the trained copy is the active one
@@ -63,14 +60,16 @@ def projector_norm_of(model):
     return getattr(projector_of(model), "norm", None)
 
 
-@torch.no_grad()
-def text_embedding_norm(model, eps: float = 1e-6) -> float:
-    """T: the mean L2 norm of the input-embedding rows whose norm exceeds ``eps`` (paper §5.1), computed in chunks.
+def text_embedding_norm(model) -> float:
+    """T: the mean L2 norm of the non-zero input-embedding rows (paper §5.1), as the model computes it
+    (``modeling_llava_normaligned.text_embedding_norm_target``).
 
     Falls back to the config's ``norm_target`` (T when the model was composed) when the embeddings are sharded
-    (ZeRO-3, FSDP) or not materialised.
+    (ZeRO-3, FSDP) or not materialised here.
     """
-    base = _llava_base(model)
+    from modeling_llava_normaligned import text_embedding_norm_target
+
+    base = llava_base(model)
     weight = base.get_input_embeddings().weight
     sharded = hasattr(weight, "full_tensor") or weight.numel() == 0
     if sharded or weight.ndim != 2 or weight.device.type == "meta":
@@ -78,15 +77,7 @@ def text_embedding_norm(model, eps: float = 1e-6) -> float:
         if target is None:
             raise ValueError("the text embeddings are not materialised here and the config has no norm_target")
         return float(target)
-    total, count = torch.zeros((), dtype=torch.float64, device=weight.device), 0
-    for start in range(0, weight.shape[0], _ROW_CHUNK):
-        norms = weight[start : start + _ROW_CHUNK].float().norm(dim=-1)  # (chunk,)
-        kept = norms[norms > eps]
-        total += kept.double().sum()
-        count += kept.numel()
-    if count == 0:
-        raise ValueError(f"every text-embedding row has norm <= {eps}: T is undefined")
-    return float(total / count)
+    return text_embedding_norm_target(weight)
 
 
 @torch.no_grad()
@@ -95,7 +86,7 @@ def projected_image_norm(model, pixel_values: torch.Tensor) -> float:
 
     Runs the vision tower and the projector only, without gradients and in eval mode (restored after).
     """
-    base = _llava_base(model)
+    base = llava_base(model)
     config = base.config
     was_training = base.training
     base.eval()
@@ -132,6 +123,29 @@ def vision_text_norm_ratio(model, batch) -> dict:
             "vision_text_ratio": image_norm / text_norm}
 
 
+@torch.no_grad()
+def part_gradient_norms(model) -> dict[str, float]:
+    """The L2 norm of the current gradients of each part: ``vision_tower``, ``projector`` (its linear layers),
+    ``projector_norm`` (the norm's gain and bias) and ``llm``; parts without gradients are left out.
+
+    ``train_stage``'s trainer calls it just before gradient clipping, so these are the pre-clip sizes (the Trainer's
+    own ``grad_norm`` is their root sum of squares). Under FSDP2 the per-tensor sums are reduced across ranks (a
+    collective: every rank calls it alike); under ZeRO the gradients are not held in ``.grad`` and nothing is found.
+    """
+    squares: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        part = part_of(name)
+        if param.grad is None or part is None:
+            continue
+        if part == "projector" and ".norm." in name.split("multi_modal_projector", 1)[1]:
+            part = "projector_norm"
+        square = param.grad.detach().float().pow(2).sum()
+        if hasattr(square, "full_tensor"):  # a DTensor partial sum (FSDP2)
+            square = square.full_tensor()
+        squares[part] = square if part not in squares else squares[part] + square
+    return {part: float(total.sqrt()) for part, total in squares.items()}  # one host sync per part
+
+
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor (FSDP2) gathered whole; a plain tensor as is. Collective: called on every rank alike."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
@@ -156,6 +170,15 @@ def gain_statistics(model) -> dict:
         # paper §5.1: 1 / clamp(mean|g|, delta), as NormAlignedLayerNorm.compensation_factor computes it
         stats["gwc_factor"] = 1.0 / max(stats["gain_abs_mean"], float(norm.compensation_min))
     return stats
+
+
+def will_log(args, state) -> bool:
+    """Whether the optimizer step now running (``state.global_step + 1``) ends with a log."""
+    step = state.global_step + 1
+    if args.logging_strategy != "steps":
+        return True
+    every = state.logging_steps or 1
+    return step % math.ceil(every) == 0 or (step == 1 and args.logging_first_step)
 
 
 class NormTrackingCallback(TrainerCallback):
@@ -193,7 +216,7 @@ class NormTrackingCallback(TrainerCallback):
 
     def _text_norm(self, model) -> float:
         # Frozen embeddings (stage 1, LoRA) keep T: compute it once. Trained ones change it: recompute per log.
-        trained = _llava_base(model).get_input_embeddings().weight.requires_grad
+        trained = llava_base(model).get_input_embeddings().weight.requires_grad
         if self._text_norm_cache is None or trained:
             self._text_norm_cache = text_embedding_norm(model)
         return self._text_norm_cache
@@ -223,7 +246,7 @@ class NormTrackingCallback(TrainerCallback):
                              if k in ("gain_abs_mean", "gain_l2", "bias_abs_mean", "gwc_factor")}
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if not self._will_log(args, state):
+        if not will_log(args, state):
             return
         norm = projector_norm_of(self._model)
         grad = None if norm is None else norm.weight.grad
@@ -264,14 +287,6 @@ class NormTrackingCallback(TrainerCallback):
         if state.is_world_process_zero:
             write_norm_tracking(norm_records(state.log_history), self.output_dir or args.output_dir)
 
-    @staticmethod
-    def _will_log(args, state) -> bool:
-        step = state.global_step + 1  # the step about to finish
-        if args.logging_strategy != "steps":
-            return True
-        every = state.logging_steps or 1
-        return step % math.ceil(every) == 0 or (step == 1 and args.logging_first_step)
-
 
 def norm_records(log_history: list[dict]) -> list[dict]:
     """The norm-tracking records of a Trainer's ``log_history``: ``{"step", "epoch", <metric>: value, ...}``."""
@@ -302,9 +317,11 @@ __all__ = [
     "NormTrackingCallback",
     "gain_statistics",
     "norm_records",
+    "part_gradient_norms",
     "projected_image_norm",
     "projector_norm_of",
     "text_embedding_norm",
     "vision_text_norm_ratio",
+    "will_log",
     "write_norm_tracking",
 ]

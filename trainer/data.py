@@ -54,6 +54,7 @@ class DataReport:
     leading_assistant_turns_dropped: int = 0
     bad_rows_skipped: int = 0
     bad_images_skipped: int = 0
+    images_checked_here: int = 0  # images this process checked (0 on the other processes of a multi-process run)
     examples: list[str] = field(default_factory=list)
 
     def note(self, message: str) -> None:
@@ -203,8 +204,11 @@ def _image_problem(path: str | None, data: bytes | None, check: str) -> str | No
     return None
 
 
-def _find_bad_images(items: list[tuple[int, str, str | None, bytes | None]], check: str) -> dict[int, str]:
-    """``{row position: 'name: image path: reason'}`` for every unusable image, checked on a few threads (I/O)."""
+def find_bad_images(items: list[tuple[int, str, str | None, bytes | None]], check: str) -> dict[int, str]:
+    """``{row position: 'name: image path: reason'}`` for every unusable image, checked on a few threads (I/O).
+
+    ``items``: ``(row position, row name, path, bytes)`` per image. The loaders' default ``image_checker``.
+    """
     if check == "none" or not items:
         return {}
 
@@ -264,15 +268,40 @@ def _to_dataset(rows: list[dict]):
     return Dataset.from_list(rows, features=_features())
 
 
-def load_llava_json_with_report(
+def load_llava_json(
     data_path: str | list[str],
     image_folder: str | None,
     *,
     on_bad_image: str = "error",
     on_bad_row: str = "error",
     check_images: str = "open",
+    return_report: bool = False,
+    image_checker=None,
 ):
-    """``load_llava_json``, also returning the ``DataReport`` of what was kept and dropped."""
+    """Load LLaVA JSON conversation files into a ``datasets.Dataset`` in TRL's messages + images format.
+
+    Args:
+        data_path: one file, a comma-separated list (``"a.json,b.json"``) or a list of files; ``.json`` (a list of
+            rows, as LLaVA-558K and llava_v1_5_mix665k ship) or ``.jsonl`` (one row per line).
+        image_folder: the folder the rows' ``image`` paths are relative to (``None`` if they are absolute or every
+            row is text-only).
+        on_bad_image: ``"error"`` (default): a missing or unreadable image raises ``DataError`` naming the row (file,
+            index, id) and the image path; ``"skip"``: such rows are dropped, counted and logged.
+        on_bad_row: the same for a malformed row (no conversations, unknown role, no assistant turn, ``<image>`` tags
+            that do not match the images, ...).
+        check_images: ``"open"`` (default) opens each image's header up front; ``"exists"`` only checks the file is
+            there (fast, for very large sets); ``"none"`` checks nothing here (the collator still names the row of an
+            image that fails to decode).
+        return_report: also return the ``DataReport`` of what was read, kept and dropped.
+        image_checker: ``(items, check) -> {row position: problem}``, the function that checks the images
+            (default ``find_bad_images``); ``train`` passes one that checks them on the main process only.
+
+    Returns:
+        A ``datasets.Dataset`` (and the ``DataReport`` with ``return_report=True``) with columns ``id`` (str),
+        ``messages`` (list of ``{"role", "content"}`` with string content, ``<image>`` tags removed) and ``images``
+        (list of images, decoded to PIL on access; empty for text-only rows). Multi-turn rows keep every turn; every
+        assistant turn is trained on.
+    """
     _check_policy("on_bad_image", on_bad_image, BAD_IMAGE_POLICIES)
     _check_policy("on_bad_row", on_bad_row, BAD_ROW_POLICIES)
     _check_policy("check_images", check_images, IMAGE_CHECKS)
@@ -302,48 +331,24 @@ def load_llava_json_with_report(
             rows.append({"id": str(row_id) if row_id is not None else f"{os.path.basename(path)}:{index}",
                          "messages": messages, "images": paths})
 
-    dropped = _apply_image_policy(_find_bad_images(image_items, check_images), on_bad_image, report)
+    dropped = _apply_image_policy(_check_images(image_items, check_images, image_checker, report), on_bad_image,
+                                  report)
     rows = [row for position, row in enumerate(rows) if position not in dropped]
     if not rows:
         raise DataError(f"no usable rows in {', '.join(report.sources)} ({report.summary()})")
     report.rows_kept = len(rows)
     report.text_only_rows = sum(1 for row in rows if not row["images"])
     logger.info("LLaVA JSON %s: %s", ", ".join(report.sources), report.summary())
-    return _to_dataset(rows), report
+    dataset = _to_dataset(rows)
+    return (dataset, report) if return_report else dataset
 
 
-def load_llava_json(
-    data_path: str | list[str],
-    image_folder: str | None,
-    *,
-    on_bad_image: str = "error",
-    on_bad_row: str = "error",
-    check_images: str = "open",
-):
-    """Load LLaVA JSON conversation files into a ``datasets.Dataset`` in TRL's messages + images format.
-
-    Args:
-        data_path: one file, a comma-separated list (``"a.json,b.json"``) or a list of files; ``.json`` (a list of
-            rows, as LLaVA-558K and llava_v1_5_mix665k ship) or ``.jsonl`` (one row per line).
-        image_folder: the folder the rows' ``image`` paths are relative to (``None`` if they are absolute or every
-            row is text-only).
-        on_bad_image: ``"error"`` (default): a missing or unreadable image raises ``DataError`` naming the row (file,
-            index, id) and the image path; ``"skip"``: such rows are dropped, counted and logged.
-        on_bad_row: the same for a malformed row (no conversations, unknown role, no assistant turn, ``<image>`` tags
-            that do not match the images, ...).
-        check_images: ``"open"`` (default) opens each image's header up front; ``"exists"`` only checks the file is
-            there (fast, for very large sets); ``"none"`` checks nothing here (the collator still names the row of an
-            image that fails to decode).
-
-    Returns:
-        A ``datasets.Dataset`` with columns ``id`` (str), ``messages`` (list of ``{"role", "content"}`` with string
-        content, ``<image>`` tags removed) and ``images`` (list of images, decoded to PIL on access; empty for
-        text-only rows). Multi-turn rows keep every turn; every assistant turn is trained on.
-    """
-    dataset, _ = load_llava_json_with_report(
-        data_path, image_folder, on_bad_image=on_bad_image, on_bad_row=on_bad_row, check_images=check_images
-    )
-    return dataset
+def _check_images(items, check: str, image_checker, report: DataReport) -> dict[int, str]:
+    checker = image_checker or find_bad_images
+    bad = checker(items, check)
+    if check != "none" and getattr(checker, "checks_here", True):  # False: another process opened them
+        report.images_checked_here = len(items)
+    return bad
 
 
 # ------------------------------------------------------------------------------------- Hugging Face datasets
@@ -414,15 +419,23 @@ def count_images(dataset, batch_size: int = 4096):
         yield from pc.list_value_length(column).fill_null(0).to_pylist()
 
 
-def load_messages_dataset_with_report(
+def load_messages_dataset(
     name_or_path: str,
     *,
     split: str = "train",
     on_bad_image: str = "error",
     on_bad_row: str = "error",
     check_images: str = "open",
+    return_report: bool = False,
+    image_checker=None,
 ):
-    """``load_messages_dataset``, also returning the ``DataReport``."""
+    """Load a dataset in TRL's messages + images format (a ``save_to_disk`` folder, parquet/JSON files or folder,
+    or a Hub dataset id) and check it like ``load_llava_json`` does (same options). A single ``image`` column is
+    accepted too.
+
+    Returns a ``datasets.Dataset`` with the columns of ``load_llava_json`` (``id``, ``messages`` with string
+    content, ``images``), and the ``DataReport`` with ``return_report=True``.
+    """
     from datasets import Dataset, Features, Image, List, concatenate_datasets
 
     _check_policy("on_bad_image", on_bad_image, BAD_IMAGE_POLICIES)
@@ -435,8 +448,14 @@ def load_messages_dataset_with_report(
             "expected TRL's messages + images format"
         )
     if "image" in dataset.column_names and "images" not in dataset.column_names:
-        dataset = dataset.map(lambda row: {"images": [] if row["image"] is None else [row["image"]]},
-                              remove_columns=["image"])
+        # decode=False first: the images move into the list as stored (bytes / path), never decoded to PIL and
+        # encoded back
+        dataset = dataset.cast_column("image", Image(decode=False))
+        features = Features({**{k: v for k, v in dataset.features.items() if k != "image"},
+                             "images": List(Image(decode=False))})
+        dataset = dataset.map(lambda batch: {"images": [[] if i is None else [i] for i in batch["image"]]},
+                              batched=True, remove_columns=["image"], features=features,
+                              desc="moving the image column into a list")
     if "images" not in dataset.column_names:
         dataset = dataset.add_column("images", [[] for _ in range(len(dataset))])
     # decode=False: bytes and paths stay as stored; nothing is decoded while the rows are checked
@@ -469,7 +488,8 @@ def load_messages_dataset_with_report(
         for position, images in zip(chunk, images_column.select(chunk)["images"]):
             name = f"{name_or_path} row {position} (id {ids[position]!r})"
             image_items += [(position, name, img.get("path"), img.get("bytes")) for img in images if img]
-    dropped = _apply_image_policy(_find_bad_images(image_items, check_images), on_bad_image, report)
+    dropped = _apply_image_policy(_check_images(image_items, check_images, image_checker, report), on_bad_image,
+                                  report)
     keep = [i for i in keep if i not in dropped]
     if not keep:
         raise DataError(f"no usable rows in {name_or_path} ({report.summary()})")
@@ -484,36 +504,15 @@ def load_messages_dataset_with_report(
     image_counts = list(count_images(dataset))
     report.text_only_rows = sum(1 for n in image_counts if n == 0)
     logger.info("dataset %s: %s", name_or_path, report.summary())
-    return dataset, report
-
-
-def load_messages_dataset(
-    name_or_path: str,
-    *,
-    split: str = "train",
-    on_bad_image: str = "error",
-    on_bad_row: str = "error",
-    check_images: str = "open",
-):
-    """Load a dataset in TRL's messages + images format (a ``save_to_disk`` folder, parquet/JSON files or folder,
-    or a Hub dataset id) and check it like ``load_llava_json`` does. A single ``image`` column is accepted too.
-
-    Returns a ``datasets.Dataset`` with the columns of ``load_llava_json`` (``id``, ``messages`` with string
-    content, ``images``).
-    """
-    dataset, _ = load_messages_dataset_with_report(
-        name_or_path, split=split, on_bad_image=on_bad_image, on_bad_row=on_bad_row, check_images=check_images
-    )
-    return dataset
+    return (dataset, report) if return_report else dataset
 
 
 __all__ = [
     "DataError",
     "DataReport",
     "count_images",
+    "find_bad_images",
     "load_llava_json",
-    "load_llava_json_with_report",
     "load_messages_dataset",
-    "load_messages_dataset_with_report",
     "split_paths",
 ]

@@ -2,8 +2,10 @@
 vision encoder and a causal LM composed on the spot; optionally one of the paper's ablation variants; optionally
 with the LLM in 4-bit or 8-bit (QLoRA).
 
-Nothing is ever re-initialised silently: a checkpoint that lacks weights the model needs is an error, and a variant
-that changes the projector norm (paper Tables 4/5) is applied only before stage 1, with a log line.
+Nothing is ever re-initialised silently. A norm-aligned checkpoint is checked by the model's own ``from_pretrained``
+(it refuses any missing weight but the projector norm's, which it initialises to T/sqrt(D) with a warning); a stock
+LLaVA checkpoint that lacks weights is refused here. A variant that changes the projector norm (paper Tables 4/5) is
+applied only before stage 1, with a log line.
 """
 
 from __future__ import annotations
@@ -60,10 +62,12 @@ def load_checkpoint(
     quantization=None,
     device_map=None,
 ):
-    """Load a LLaVA checkpoint (norm-aligned or stock) and its processor; refuse one with missing weights."""
+    """Load a LLaVA checkpoint (norm-aligned or stock) and its processor; refuse one with missing weights (see the
+    module docstring: the norm-aligned model checks its own)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    import modeling_llava_normaligned  # noqa: F401  (registers the norm-aligned model with the Auto classes)
+    # importing the package registers the norm-aligned model with the Auto classes
+    from modeling_llava_normaligned import LlavaNormAlignedConfig
 
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code, "output_loading_info": True}
     if dtype is not None:
@@ -75,7 +79,8 @@ def load_checkpoint(
         kwargs["device_map"] = device_map or ("cuda" if torch.cuda.is_available() else "cpu")
     model, info = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
     missing = sorted(info.get("missing_keys") or [])
-    if missing:
+    checks_itself = model.config.model_type == LlavaNormAlignedConfig.model_type  # its from_pretrained (remote too)
+    if missing and not checks_itself:
         shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
         raise ValueError(
             f"{name_or_path}: the checkpoint lacks weights the model needs ({shown}); they would be randomly "

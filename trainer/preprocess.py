@@ -9,11 +9,19 @@ expanded to the image's tokens (LLaVA: (image_size / patch_size)^2, minus the CL
 The prepared dataset keeps ``id``, ``messages`` and ``images`` and adds ``rendered`` (the chat-template text),
 ``spans`` (character spans of the assistant answers in it, see ``masking.py``) and ``num_tokens``. Pixels are not
 touched here: ``images`` is left undecoded (paths/bytes) and decoded batch by batch in the collator.
+
+In a multi-process run the rendering is done once per machine: ``train_stage`` calls ``prepare_dataset`` with a
+``cache_dir`` inside ``args.main_process_first()``, so the main process renders and writes the columns to a file
+named by a hash of everything they depend on (the rows, the chat template, the tokenizer), and the other processes,
+released after it, read that file.
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 
 from .masking import ConversationRenderer
@@ -22,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 TOO_LONG_POLICIES = ("drop", "error")
 MAX_LISTED = 10
+CACHE_FORMAT = "prepared-v2"  # changes whenever the rendered columns would change for the same inputs
 
 
 @dataclass
@@ -30,10 +39,13 @@ class PrepareReport:
     rows_out: int = 0
     too_long_dropped: int = 0
     text_only_dropped: int = 0
+    text_only_rows: int = 0  # rows without an image left to train on (stage 2)
     max_length: int | None = None
     image_tokens_per_image: int = 0
     masking: str = ""
     longest_row_tokens: int = 0
+    cache_file: str | None = None  # multi-process runs: where the rendered columns are shared
+    read_from_cache: bool = False  # this process read them there instead of rendering
     examples: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -79,6 +91,26 @@ def _render_batch(batch: dict, *, renderer: ConversationRenderer, processor, per
     return {"rendered": rendered, "spans": spans, "num_tokens": num_tokens}
 
 
+def _cache_key(text, renderer: ConversationRenderer, processor, per_image: int) -> str:
+    """A hash of what the rendered columns depend on: the rows (their Arrow data, read in batches), the template,
+    the tokenizer and the image-token count. Equal on every process that holds the same rows."""
+    import pyarrow as pa
+
+    digest = hashlib.blake2b(digest_size=16)
+    tokenizer = processor.tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    for part in (CACHE_FORMAT, renderer.template, renderer.method, per_image, type(tokenizer).__name__,
+                 backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items())),
+                 repr(sorted(renderer.template_kwargs.items(), key=str))):
+        digest.update(str(part).encode("utf-8"))
+    for batch in text.with_format("arrow").iter(batch_size=65536):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_table(batch)  # serialises the rows themselves (a slice's unused buffer bytes are left out)
+        digest.update(sink.getvalue())
+    return digest.hexdigest()
+
+
 def prepare_dataset(
     dataset,
     processor,
@@ -88,6 +120,7 @@ def prepare_dataset(
     drop_text_only: bool = False,
     chat_template: str | None = None,
     num_proc: int | None = None,
+    cache_dir: str | None = None,
 ):
     """Render every row, locate its answers, count its tokens; drop (or refuse) rows longer than ``max_length``.
 
@@ -99,6 +132,9 @@ def prepare_dataset(
             ``"error"``: raise naming them.
         drop_text_only: drop rows without an image (stage 1: the projector sees no gradient from them).
         chat_template: a template to use instead of the processor's.
+        num_proc: processes for the rendering (``datasets.map``).
+        cache_dir: write the rendered columns to a file in this folder, named by a hash of the rows, the template and
+            the tokenizer, or read them from it when it is there (``train_stage`` sets it in multi-process runs).
 
     Returns ``(prepared dataset, PrepareReport)``.
     """
@@ -116,10 +152,17 @@ def prepare_dataset(
     counts = list(count_images(dataset))
     # Only the text columns go through map: the images (maybe gigabytes of bytes) are neither decoded nor copied.
     text = dataset.select_columns(["id", "messages"]).add_column("num_images", counts)
+    cache = {}
+    if cache_dir is not None:
+        key = _cache_key(text, renderer, processor, per_image)
+        os.makedirs(cache_dir, exist_ok=True)
+        report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
+        report.read_from_cache = bool(glob.glob(os.path.join(cache_dir, f"{key}*.arrow")))  # num_proc: shards
+        cache = {"cache_file_name": report.cache_file, "new_fingerprint": key, "load_from_cache_file": True}
     text = text.map(
         _render_batch, batched=True, batch_size=256, num_proc=num_proc,
         fn_kwargs={"renderer": renderer, "processor": processor, "per_image": per_image},
-        desc="rendering conversations",
+        desc="rendering conversations", **cache,
     )
     # decode=False: images reach the collator as paths/bytes and are decoded there, where a failure names its row
     images = dataset.select_columns(["images"]).cast_column("images", List(Image(decode=False)))
@@ -155,6 +198,9 @@ def prepare_dataset(
     if len(keep) < len(prepared):
         prepared = prepared.select(keep)
     report.rows_out = len(prepared)
+    report.text_only_rows = sum(1 for i in keep if counts[i] == 0)
+    if report.read_from_cache:
+        logger.info("rendered rows read from %s (written by the main process)", report.cache_file)
     logger.info("prepared: %s", report.summary())
     return prepared, report
 

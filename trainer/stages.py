@@ -43,28 +43,40 @@ def part_of(name: str) -> str | None:
     return None
 
 
-def _base_llava(model):
-    """The LlavaModel inside ``model`` (ForConditionalGeneration or PEFT-wrapped)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+def llava_base(model):
+    """The ``LlavaModel`` inside ``model``: a ForConditionalGeneration, PEFT-wrapped, DDP-wrapped (``.module``) or
+    the base model itself. Every part of this package that needs the vision tower or the projector goes through it."""
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
     return getattr(inner, "model", inner)
+
+
+def vision_encoder_layers(model):
+    """``(encoder owner, layers)`` of a LLaVA's vision tower (``layers`` is ``None`` for a tower of another shape)."""
+    tower = llava_base(model).vision_tower
+    owner = getattr(tower, "vision_model", tower)
+    return owner, getattr(getattr(owner, "encoder", None), "layers", None)
+
+
+def deepest_feature_layer(vision_feature_layer, num_layers: int) -> int:
+    """How many encoder layers LLaVA's image features depend on: the deepest ``hidden_states[k]`` it reads.
+
+    ``hidden_states[k]`` is the output of layer ``k - 1`` (``hidden_states[0]``: the embeddings), so layers
+    ``k ..`` run for nothing. ``vision_feature_layer``: an int or a list (negative counts from the end).
+    """
+    layers = [vision_feature_layer] if isinstance(vision_feature_layer, int) else list(vision_feature_layer)
+    return max(f if f >= 0 else num_layers + 1 + f for f in layers)
 
 
 def unused_vision_parameters(model) -> list[str]:
     """Names of vision-tower parameters LLaVA's forward never uses: encoder layers after the deepest feature layer,
     the post layernorm and the pooling head (LLaVA reads ``hidden_states[vision_feature_layer]``)."""
-    base = _base_llava(model)
-    config = base.config
-    tower = base.vision_tower
-    encoder_owner = getattr(tower, "vision_model", tower)
-    layers = getattr(getattr(encoder_owner, "encoder", None), "layers", None)
+    _, layers = vision_encoder_layers(model)
     unused_prefixes = []
     if layers is not None:
-        n = len(layers)
-        feature_layers = config.vision_feature_layer
-        feature_layers = [feature_layers] if isinstance(feature_layers, int) else list(feature_layers)
-        # hidden_states[k] is the output of layer k - 1 (hidden_states[0]: the embeddings)
-        deepest = max(f if f >= 0 else n + 1 + f for f in feature_layers)
-        unused_prefixes += [f".encoder.layers.{i}." for i in range(deepest, n)]
+        deepest = deepest_feature_layer(llava_base(model).config.vision_feature_layer, len(layers))
+        unused_prefixes += [f".encoder.layers.{i}." for i in range(deepest, len(layers))]
     unused_prefixes += [".post_layernorm.", ".head."]
     names = []
     for name, _ in model.named_parameters():
@@ -115,8 +127,9 @@ def _freeze(model, stage: int, trains: set[str], keep_peft_choice: bool) -> Free
     never_used = set(unused_vision_parameters(model))
     for name, param in model.named_parameters():
         if keep_peft_choice:
-            # PEFT chose what trains (adapters, modules_to_save copies; the originals stay frozen): keep it.
-            param.requires_grad_(param.requires_grad and name not in never_used)
+            # PEFT chose what trains (adapters, modules_to_save copies; the originals stay frozen): keep it, within
+            # the parts that train in this stage.
+            param.requires_grad_(param.requires_grad and name not in never_used and part_of(name) in trains)
             continue
         wanted = part_of(name) in trains and name not in never_used
         if not (param.is_floating_point() or param.is_complex()):
@@ -144,16 +157,31 @@ def freeze_stage1(model) -> FreezeReport:
     return _freeze(model, 1, {"projector"}, keep_peft_choice=False)
 
 
-def freeze_stage2(model, train_vision: bool = True) -> FreezeReport:
-    """Stage 2 (instruction tuning): the LLM, the vision tower (unless ``train_vision=False``) and the projector
-    with its norm train. Under PEFT, the adapters train in the LLM/vision tower and the projector trains fully."""
-    trains = {"llm", "projector"} | ({"vision_tower"} if train_vision else set())
-    return _freeze(model, 2, trains, keep_peft_choice=_is_peft(model))
+def freeze_stage2(model, train_vision: bool | None = None) -> FreezeReport:
+    """Stage 2 (instruction tuning): the LLM, the vision tower and the projector with its norm train.
+
+    ``train_vision``: ``None`` (default): the vision tower trains (the paper), or under PEFT as the LoRA config says
+    (adapters on it or not); ``False``: it stays frozen (its adapters too); ``True``: it trains, and under PEFT the
+    LoRA config must put adapters on it (``lora.stage2_lora_config(..., lora_vision=True)``), else ``ValueError``.
+    Under PEFT the adapters train in the LLM (and vision tower) and the projector trains fully.
+    """
+    peft = _is_peft(model)
+    trains = {"llm", "projector"} | ({"vision_tower"} if train_vision is not False else set())
+    report = _freeze(model, 2, trains, keep_peft_choice=peft)
+    if peft and train_vision and not report.trainable["vision_tower"]:
+        raise ValueError(
+            "train_vision=True under PEFT, but the LoRA config puts no adapter on the vision tower: add them "
+            "(--lora-vision; lora.stage2_lora_config(..., lora_vision=True)) or leave train_vision unset"
+        )
+    return report
 
 
-def freeze_for_stage(model, stage: int, *, train_vision: bool = True) -> FreezeReport:
-    """Apply stage 1's or stage 2's freezing (see ``freeze_stage1`` / ``freeze_stage2``) and log what trains."""
+def freeze_for_stage(model, stage: int, *, train_vision: bool | None = None) -> FreezeReport:
+    """Apply stage 1's or stage 2's freezing (see ``freeze_stage1`` / ``freeze_stage2``) and log what trains.
+    ``train_vision`` is a stage-2 option; stage 1 keeps the vision tower frozen (paper §5.2)."""
     if stage == 1:
+        if train_vision:
+            raise ValueError("train_vision: stage 1 keeps the vision tower frozen (paper §5.2); it is a stage-2 option")
         return freeze_stage1(model)
     if stage == 2:
         return freeze_stage2(model, train_vision=train_vision)
@@ -226,10 +254,13 @@ __all__ = [
     "PARTS",
     "FreezeReport",
     "StageLearningRates",
+    "deepest_feature_layer",
     "freeze_for_stage",
     "freeze_stage1",
     "freeze_stage2",
+    "llava_base",
     "parameter_groups",
     "part_of",
     "unused_vision_parameters",
+    "vision_encoder_layers",
 ]

@@ -8,11 +8,13 @@ Python API (what the CLI and the demo call):
     result = train_stage(model, processor, dataset, stage=1, args=SFTConfig(...))
     result.model, result.metrics, result.norm_tracking, result.output_dir
 
-``train_stage`` does, in order: the stage's freezing (``stages.py``), up-front preparation of the rows (render,
-answer spans, length checks; ``preprocess.py``), the answer-only collator (``collator.py``), the per-part learning
-rates, the norm-tracking callback (``callbacks.py``), ``trainer.train()`` (resuming if asked; vision compute that
-LLaVA never reads skipped, ``unused_compute.py``), and saves the final
-model, processor, ``training_summary.json`` and ``norm_tracking.json`` in ``args.output_dir``.
+``train_stage`` is ``run_stage(prepare_stage(...))``. ``prepare_stage`` does everything that can fail on the
+inputs, before any training: the chat template (``args.chat_template_path``), the stage's freezing
+(``stages.py``), the preparation of the rows (render, answer spans, length checks; ``preprocess.py``; once per
+machine in a multi-process run), the answer-only collator (``collator.py``), the per-part learning rates and the
+norm-tracking callback (``callbacks.py``). ``run_stage`` runs ``trainer.train()`` (resuming if asked; vision compute
+that LLaVA never reads skipped, ``unused_compute.py``) and saves the final model, processor,
+``training_summary.json`` and ``norm_tracking.json`` in ``args.output_dir``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from .callbacks import NormTrackingCallback, gain_statistics, norm_records
+from .arguments import make_parser, parse_train_args
+from .callbacks import NormTrackingCallback, gain_statistics, norm_records, part_gradient_norms, will_log
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .loading import describe_variant
 from .preprocess import prepare_dataset
@@ -64,15 +67,20 @@ class TrainStageResult:
 
 
 class LlavaStageTrainer(SFTTrainer):
-    """TRL's ``SFTTrainer`` with one learning rate per part (vision tower, projector, LLM) and per-part LR logging.
+    """TRL's ``SFTTrainer`` with one learning rate per part (vision tower, projector, LLM), logged per part, and the
+    pre-clip gradient norm of each part.
 
     The optimizer is the one ``args.optim`` names (AdamW by default), built on ``stages.parameter_groups``; the
     scheduler scales every group alike, so the parts keep their ratio (paper Appendix E.1: LLM 1e-5, vision 2e-6).
+    At each logging step the logs gain ``learning_rate/<part>`` (the rate the step used) and ``grad_norm/<part>``
+    (``callbacks.part_gradient_norms``, read just before clipping; the Trainer's ``grad_norm`` is their total).
     """
 
     def __init__(self, *args, learning_rates: StageLearningRates | None = None, **kwargs):
         self.learning_rates = learning_rates or StageLearningRates()
         self.skipped_rows = 0
+        self._group_rates: list[float] = []
+        self._part_grad_norms: dict[str, float] = {}
         super().__init__(*args, **kwargs)
 
     def resolved_learning_rates(self) -> dict[str, float]:
@@ -95,19 +103,38 @@ class LlavaStageTrainer(SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         skipped = inputs.pop(SKIPPED_KEY, None)
-        if skipped is not None:
+        if skipped is not None and model.training:  # evaluation batches are not training rows
             self.skipped_rows += int(skipped)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
+    def _capture_part_grad_norms(self, model) -> None:
+        if will_log(self.args, self.state):
+            self._part_grad_norms = part_gradient_norms(model)
+
+    def _clip_grad_norm(self, model):
+        self._capture_part_grad_norms(model)  # the gradients as backward left them, before clipping
+        return super()._clip_grad_norm(model)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if grad_norm is None:  # max_grad_norm <= 0: nothing was clipped
+            self._capture_part_grad_norms(model)
+        return super()._get_grad_norm(model, grad_norm=grad_norm)
+
+    def _get_learning_rate(self):
+        # Called before the scheduler steps: these are the rates this optimizer step used, one per group.
+        if self.optimizer is not None:
+            self._group_rates = [group["lr"] for group in self.optimizer.param_groups]
+        return super()._get_learning_rate()
+
     def log(self, logs: dict, start_time: float | None = None) -> None:
-        if "learning_rate" in logs and self.optimizer is not None:
-            # The schedule scales every group by one factor; `learning_rate` is the first group's rate this step.
-            groups = self.optimizer.param_groups
-            factor = logs["learning_rate"] / groups[0].get("initial_lr", groups[0]["lr"])
-            for group in groups:
+        if "learning_rate" in logs and self._group_rates:
+            for group, rate in zip(self.optimizer.param_groups, self._group_rates):
                 part = str(group.get("name", "")).split("/")[0]
                 if part:
-                    logs.setdefault(f"learning_rate/{part}", group.get("initial_lr", group["lr"]) * factor)
+                    logs.setdefault(f"learning_rate/{part}", rate)
+        if "loss" in logs and self._part_grad_norms:
+            logs.update({f"grad_norm/{part}": value for part, value in self._part_grad_norms.items()})
+            self._part_grad_norms = {}
         super().log(logs, start_time)
 
 
@@ -126,7 +153,66 @@ def _check_args(args: SFTConfig) -> SFTConfig:
         logger.info("set %s (answer-only labels and image handling are done by this package's collator)", changes)
         for key, value in changes.items():
             setattr(args, key, value)
+    resume = args.resume_from_checkpoint
+    if isinstance(resume, str) and not os.path.isdir(resume):
+        raise FileNotFoundError(f"resume_from_checkpoint: no such checkpoint folder: {resume}")
     return args
+
+
+def _use_chat_template(processor, args: SFTConfig, chat_template: str | None) -> None:
+    """Put the run's chat template on the processor before any row is rendered, so that the rows are rendered with
+    the template the saved processor carries. ``args.chat_template_path`` (a Jinja file) is read here and cleared:
+    TRL would otherwise apply it after the rows were rendered, and save a template training never used."""
+    path = args.chat_template_path
+    if path is not None:
+        if chat_template is not None:
+            raise ValueError("give chat_template or args.chat_template_path (--chat_template_path), not both")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"--chat_template_path: no such file: {path} (a Jinja template file; a tokenizer folder or Hub id, "
+                "which TRL also accepts, would add its special tokens to the LLM and is not supported here)"
+            )
+        with open(path, encoding="utf-8") as handle:
+            chat_template = handle.read()
+        args.chat_template_path = None
+    if chat_template is None:
+        return
+    from llava_normaligned.compose import multimodal_chat_template
+
+    # a text LM's template renders image parts only once wrapped (compose does the same with the LM's template)
+    processor.chat_template = multimodal_chat_template(chat_template, processor.tokenizer)
+    logger.info("chat template set on the processor (%s); the saved processor carries it", path or "chat_template=")
+
+
+def _checkpointing(args: SFTConfig) -> tuple[bool, dict]:
+    """(activation checkpointing on, its kwargs): transformers 5 renamed ``gradient_checkpointing*``."""
+    enabled = getattr(args, "activation_checkpointing", None)
+    kwargs = getattr(args, "activation_checkpointing_kwargs", None)
+    if enabled is None:
+        enabled, kwargs = args.gradient_checkpointing, args.gradient_checkpointing_kwargs
+    return bool(enabled), kwargs if isinstance(kwargs, dict) else {}
+
+
+def _ddp_finds_unused(args: SFTConfig, stage: int, prepare_report) -> None:
+    """Stage 2 rows without an image leave the vision tower and the projector without gradients on the process
+    that holds them: DDP must look for unused parameters. transformers turns that off under gradient checkpointing
+    (TRL's default), so it is turned on here (non-reentrant checkpointing allows it); reentrant checkpointing
+    cannot have it, and is refused for such data."""
+    if stage != 2 or not prepare_report.text_only_rows or args.ddp_find_unused_parameters is not None:
+        return
+    checkpointing, kwargs = _checkpointing(args)
+    if checkpointing and kwargs.get("use_reentrant"):
+        if args.world_size > 1:
+            raise ValueError(
+                f"{prepare_report.text_only_rows} text-only rows: under DDP they leave the vision tower without "
+                "gradients, which reentrant gradient checkpointing cannot allow; drop use_reentrant=True (the "
+                "default, non-reentrant checkpointing, works) or set ddp_find_unused_parameters yourself"
+            )
+        return
+    args.ddp_find_unused_parameters = True
+    if args.world_size > 1:
+        logger.info("ddp_find_unused_parameters=True: %d text-only rows leave the vision tower without gradients",
+                    prepare_report.text_only_rows)
 
 
 def _projector_in_vision_dtype(model) -> None:
@@ -192,7 +278,7 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
             "bf16": args.bf16,
             "fp16": args.fp16,
             "max_length": args.max_length,
-            "gradient_checkpointing": args.gradient_checkpointing,
+            "gradient_checkpointing": _checkpointing(args)[0],
         },
         "metrics": metrics,
         "norm": {
@@ -206,7 +292,38 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
     }
 
 
-def train_stage(
+@dataclass
+class PreparedStage:
+    """A stage ready to train (``prepare_stage``): the trainer and what the summary records."""
+
+    trainer: LlavaStageTrainer
+    stage: int
+    freeze: object
+    prepare_report: object
+    data_report: object = None
+    peft_config: object = None
+    skip_unused_vision: bool = True
+    run_info: dict | None = None
+    save: bool = True
+
+
+def _shared_cache_dir(args: SFTConfig) -> str | None:
+    """Where a multi-process run shares the rendered rows (the datasets cache, per machine); ``None`` alone."""
+    if args.world_size <= 1:
+        return None
+    import datasets
+
+    return os.path.join(datasets.config.HF_DATASETS_CACHE, "llava_normaligned_prepared")
+
+
+def _prepare_rows(dataset, processor, args, *, stage, on_too_long):
+    with args.main_process_first(desc="rendering the rows"):  # the others then read what the main process wrote
+        return prepare_dataset(dataset, processor, max_length=args.max_length, on_too_long=on_too_long,
+                               drop_text_only=(stage == 1), num_proc=args.dataset_num_proc,
+                               cache_dir=_shared_cache_dir(args))
+
+
+def prepare_stage(
     model,
     processor,
     train_dataset,
@@ -219,7 +336,7 @@ def train_stage(
     callbacks: list | None = None,
     peft_config=None,
     eval_dataset=None,
-    train_vision: bool = True,
+    train_vision: bool | None = None,
     on_too_long: str = "drop",
     on_bad_image: str = "error",
     chat_template: str | None = None,
@@ -227,51 +344,22 @@ def train_stage(
     data_report=None,
     run_info: dict | None = None,
     save: bool = True,
-) -> TrainStageResult:
-    """Train one LLaVA-1.5 stage with TRL's ``SFTTrainer`` and save the result.
-
-    Args:
-        model: a ``LlavaNormAlignedForConditionalGeneration`` or a stock ``LlavaForConditionalGeneration``.
-        processor: its processor (a ``LlavaProcessor`` with a chat template).
-        train_dataset: rows ``{"id", "messages", "images"}`` (``data.load_llava_json`` / ``load_messages_dataset``).
-        stage: 1 (projector + norm train; vision tower and LLM frozen) or 2 (all train).
-        args: a ``trl.SFTConfig``. ``output_dir``, batch sizes, schedule, precision, ``max_length`` (rows longer are
-            dropped or refused, never truncated), ``resume_from_checkpoint`` are read from it.
-        lr_projector, lr_llm, lr_vision: per-part learning rates; ``None``: ``args.learning_rate`` (the projector
-            follows the LLM's). Stage 1 uses only ``lr_projector``.
-        callbacks: more ``TrainerCallback``s. The norm-tracking callback is always added.
-        eval_dataset: rows like ``train_dataset``, evaluated per ``args.eval_strategy`` (answer-only loss).
-        peft_config: a ``peft.LoraConfig`` (stage 2 only; ``lora.stage2_lora_config`` keeps the projector trained
-            fully via ``modules_to_save``).
-        train_vision: stage 2: train the vision tower (the paper does).
-        on_too_long: ``"drop"`` or ``"error"`` for rows longer than ``args.max_length``.
-        on_bad_image: ``"error"`` or ``"skip"`` for an image that fails to decode during training.
-        chat_template: use this template instead of the processor's.
-        skip_unused_vision: while training, skip the vision layers after the feature layer and SigLIP's pooling
-            head, whose outputs LLaVA never reads (``unused_compute.py``; same losses and gradients, less compute).
-        data_report: the loader's ``DataReport`` (recorded in the summary).
-        run_info: anything to record in the summary (recipe files, command line).
-        save: write the model, processor and JSON files to ``args.output_dir``.
-
-    Returns:
-        ``TrainStageResult``.
-    """
+) -> PreparedStage:
+    """Everything before training that can fail on the inputs; the arguments are ``train_stage``'s."""
     if stage not in (1, 2):
         raise ValueError(f"stage must be 1 or 2, got {stage!r}")
     if peft_config is not None and stage == 1:
         raise ValueError("stage 1 trains the projector fully: LoRA/QLoRA (peft_config) is for stage 2")
     args = _check_args(args)
+    _use_chat_template(processor, args, chat_template)
     learning_rates = StageLearningRates(projector=lr_projector, llm=lr_llm, vision_tower=lr_vision)
 
     if peft_config is None:
         freeze = freeze_for_stage(model, stage, train_vision=train_vision)
-    prepared, prepare_report = prepare_dataset(
-        train_dataset, processor, max_length=args.max_length, on_too_long=on_too_long,
-        drop_text_only=(stage == 1), chat_template=chat_template, num_proc=args.dataset_num_proc,
-    )
+    prepared, prepare_report = _prepare_rows(train_dataset, processor, args, stage=stage, on_too_long=on_too_long)
     if eval_dataset is not None:
-        eval_dataset, _ = prepare_dataset(eval_dataset, processor, max_length=args.max_length,
-                                          on_too_long=on_too_long, chat_template=chat_template)
+        eval_dataset, _ = _prepare_rows(eval_dataset, processor, args, stage=2, on_too_long=on_too_long)
+    _ddp_finds_unused(args, stage, prepare_report)
     collator = LlavaTrainingCollator(
         processor, max_length=args.max_length, on_bad_image=on_bad_image,
         pad_to_multiple_of=args.pad_to_multiple_of, report_skips=True,
@@ -288,20 +376,28 @@ def train_stage(
         learning_rates=learning_rates,
     )
     if peft_config is not None:
-        freeze = freeze_for_stage(trainer.model, stage, train_vision=train_vision)  # keeps PEFT's choice
+        freeze = freeze_for_stage(trainer.model, stage, train_vision=train_vision)  # within PEFT's choice
         _projector_in_vision_dtype(trainer.model)
     NormTrackingCallback.install(trainer)
+    return PreparedStage(trainer=trainer, stage=stage, freeze=freeze, prepare_report=prepare_report,
+                         data_report=data_report, peft_config=peft_config, skip_unused_vision=skip_unused_vision,
+                         run_info=run_info, save=save)
 
-    with skip_unused_vision_compute(trainer.model, enabled=skip_unused_vision):
+
+def run_stage(prepared: PreparedStage) -> TrainStageResult:
+    """Train a prepared stage and save the model, processor, ``training_summary.json`` and ``norm_tracking.json``."""
+    trainer, args = prepared.trainer, prepared.trainer.args
+    with skip_unused_vision_compute(trainer.model, enabled=prepared.skip_unused_vision):
         train_output = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     metrics = dict(train_output.metrics)
     # rows whose image failed to decode (skip policy), counted on every rank
     skipped = torch.tensor(trainer.skipped_rows, device=trainer.args.device)
     trainer.skipped_rows = int(trainer.accelerator.reduce(skipped, reduction="sum"))
     records = norm_records(trainer.state.log_history)
-    summary = _summary(trainer, stage=stage, freeze=freeze, prepare_report=prepare_report, data_report=data_report,
-                       metrics=metrics, records=records, run_info=run_info, peft_config=peft_config)
-    if save:
+    summary = _summary(trainer, stage=prepared.stage, freeze=prepared.freeze, prepare_report=prepared.prepare_report,
+                       data_report=prepared.data_report, metrics=metrics, records=records, run_info=prepared.run_info,
+                       peft_config=prepared.peft_config)
+    if prepared.save:
         trainer.save_model(args.output_dir)  # model (or adapter) + processor; main process only
         if trainer.is_world_process_zero():
             _write_json(summary, args.output_dir, SUMMARY_FILE)
@@ -310,24 +406,74 @@ def train_stage(
                             output_dir=args.output_dir, summary=summary, trainer=trainer)
 
 
+def train_stage(model, processor, train_dataset, *, stage: int, args: SFTConfig, **options) -> TrainStageResult:
+    """Train one LLaVA-1.5 stage with TRL's ``SFTTrainer`` and save the result: ``run_stage(prepare_stage(...))``.
+
+    Args:
+        model: a ``LlavaNormAlignedForConditionalGeneration`` or a stock ``LlavaForConditionalGeneration``.
+        processor: its processor (a ``LlavaProcessor`` with a chat template).
+        train_dataset: rows ``{"id", "messages", "images"}`` (``data.load_llava_json`` / ``load_messages_dataset``).
+        stage: 1 (projector + norm train; vision tower and LLM frozen) or 2 (all train).
+        args: a ``trl.SFTConfig``. ``output_dir``, batch sizes, schedule, precision, ``max_length`` (rows longer are
+            dropped or refused, never truncated), ``resume_from_checkpoint`` and ``chat_template_path`` (a Jinja
+            file, applied before the rows are rendered and saved with the processor) are read from it.
+        **options (keyword only):
+            lr_projector, lr_llm, lr_vision: per-part learning rates; ``None``: ``args.learning_rate`` (the
+                projector follows the LLM's). Stage 1 uses only ``lr_projector``.
+            callbacks: more ``TrainerCallback``s. The norm-tracking callback is always added.
+            eval_dataset: rows like ``train_dataset``, evaluated per ``args.eval_strategy`` (answer-only loss).
+            peft_config: a ``peft.LoraConfig`` (stage 2 only; ``lora.stage2_lora_config`` keeps the projector trained
+                fully via ``modules_to_save``).
+            train_vision: stage 2: ``None`` (default) trains the vision tower (the paper does), under PEFT as the
+                LoRA config says; ``False`` freezes it; ``True`` under PEFT needs adapters on it
+                (``stages.freeze_stage2``).
+            on_too_long: ``"drop"`` or ``"error"`` for rows longer than ``args.max_length``.
+            on_bad_image: ``"error"`` or ``"skip"`` for an image that fails to decode during training.
+            chat_template: a template to train with instead of the processor's; it is set on the processor (so the
+                saved processor carries it), wrapped to render image parts if it is a text-only template.
+            skip_unused_vision: while training, skip the vision layers after the feature layer and SigLIP's pooling
+                head, whose outputs LLaVA never reads (``unused_compute.py``; same losses and gradients, less compute).
+            data_report: the loader's ``DataReport`` (recorded in the summary).
+            run_info: anything to record in the summary (recipe files, command line).
+            save: write the model, processor and JSON files to ``args.output_dir``.
+
+    Returns:
+        ``TrainStageResult``.
+    """
+    return run_stage(prepare_stage(model, processor, train_dataset, stage=stage, args=args, **options))
+
+
 # ------------------------------------------------------------------------------------------------------- CLI
 
 
-def make_parser():
-    """The ``train`` parser: this package's stage options + TRL's ``SFTConfig`` and ``ModelConfig``."""
-    from .arguments import make_parser as make_train_parser
+def shared_image_checker(args: SFTConfig):
+    """An ``image_checker`` for the data loaders that opens the images on the main process only and gives what it
+    found to the others: every process reads the same rows in the same order, so a row's position is the same on
+    all. Alone: ``data.find_bad_images`` itself."""
+    from .data import find_bad_images
 
-    return make_train_parser()
+    if args.world_size <= 1:
+        return find_bad_images
+
+    def check_on_main(items, check):
+        from accelerate.utils import broadcast_object_list
+
+        found = [find_bad_images(items, check) if args.process_index == 0 else None]
+        broadcast_object_list(found, from_process=0)
+        return found[0]
+
+    check_on_main.checks_here = args.process_index == 0
+    return check_on_main
 
 
-def _load_data(stage_args):
-    from .data import load_llava_json_with_report, load_messages_dataset_with_report
+def _load_data(stage_args, image_checker):
+    from .data import load_llava_json, load_messages_dataset
 
     common = {"on_bad_image": stage_args.on_bad_image, "on_bad_row": stage_args.on_bad_row,
-              "check_images": stage_args.check_images}
+              "check_images": stage_args.check_images, "return_report": True, "image_checker": image_checker}
     if stage_args.data_path:
-        return load_llava_json_with_report(stage_args.data_path, stage_args.image_folder, **common)
-    return load_messages_dataset_with_report(stage_args.dataset_name, split=stage_args.dataset_split, **common)
+        return load_llava_json(stage_args.data_path, stage_args.image_folder, **common)
+    return load_messages_dataset(stage_args.dataset_name, split=stage_args.dataset_split, **common)
 
 
 def _load_model(stage_args, model_args, sft_args):
@@ -354,21 +500,34 @@ def _load_model(stage_args, model_args, sft_args):
     return model, processor
 
 
+def _configure_logging(sft_args: SFTConfig) -> None:
+    """transformers' levels for everything (``--log_level``, ``--log_level_replica``), and this package's own account
+    of the run (what trains, the optimizer groups, the data summaries) at INFO on the main process unless
+    ``--log_level`` says otherwise."""
+    level = sft_args.get_process_log_level()
+    logging.getLogger().setLevel(level)
+    if sft_args.should_log and sft_args.log_level == "passive":
+        level = logging.INFO
+    logging.getLogger("llava_normaligned").setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``llava-normaligned train``: parse, load, train one stage, save. Returns the exit code."""
-    from .arguments import parse_train_args
+    """``llava-normaligned train``: parse, load, prepare (errors here exit with code 2 and a message), then train
+    one stage and save (errors there are raised with their traceback). Returns the exit code."""
     from .data import DataError
     from .lora import merge_adapter, stage2_lora_config
     from .masking import TemplateError
 
+    # INFO until the arguments say otherwise: what parsing adjusts (CPU float32, the global batch) is shown
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     try:
         stage_args, sft_args, model_args, config_files = parse_train_args(argv)
-        logging.getLogger().setLevel(sft_args.get_process_log_level())
+        _configure_logging(sft_args)
         model, processor = _load_model(stage_args, model_args, sft_args)
-        dataset, data_report = _load_data(stage_args)
-        peft_config = stage2_lora_config(model_args) if model_args.use_peft else None
-        result = train_stage(
+        dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
+        peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision) if model_args.use_peft \
+            else None
+        prepared = prepare_stage(
             model, processor, dataset,
             stage=stage_args.stage, args=sft_args,
             lr_projector=stage_args.lr_projector, lr_llm=stage_args.lr_llm, lr_vision=stage_args.lr_vision,
@@ -382,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("train failed", exc_info=True)
         print(f"llava-normaligned train: error: {err}", file=sys.stderr)
         return 2
+    result = run_stage(prepared)
     if peft_config is not None and stage_args.merge_adapter and result.trainer.is_world_process_zero():
 
         def unquantized_base():
@@ -396,6 +556,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{result.metrics.get('train_loss', float('nan')):.4f}, vision/text norm ratio at the end "
               f"{end.get('vision_text_ratio', float('nan')):.3g})")
     return 0
+
+
+__all__ = [
+    "SUMMARY_FILE",
+    "LlavaStageTrainer",
+    "PreparedStage",
+    "TrainStageResult",
+    "main",
+    "make_parser",
+    "prepare_stage",
+    "run_stage",
+    "shared_image_checker",
+    "train_stage",
+]
 
 
 if __name__ == "__main__":

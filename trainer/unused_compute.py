@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 
+from .stages import deepest_feature_layer, llava_base, vision_encoder_layers
+
 logger = logging.getLogger(__name__)
 
 
@@ -24,23 +26,12 @@ def _no_pooling(hidden_states, *args, **kwargs):
     return None
 
 
-def _llava_base(model):
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(inner, "model", inner)
-
-
 def unused_vision_modules(model) -> tuple[list, list]:
     """(encoder layers after the deepest feature layer, pooling heads) of a LLaVA's vision tower."""
-    base = _llava_base(model)
-    tower = base.vision_tower
-    owner = getattr(tower, "vision_model", tower)
-    layers = getattr(getattr(owner, "encoder", None), "layers", None)
+    owner, layers = vision_encoder_layers(model)
     if layers is None:
         return [], []
-    feature_layers = base.config.vision_feature_layer
-    feature_layers = [feature_layers] if isinstance(feature_layers, int) else list(feature_layers)
-    n = len(layers)
-    deepest = max(f if f >= 0 else n + 1 + f for f in feature_layers)  # hidden_states[k]: output of layer k - 1
+    deepest = deepest_feature_layer(llava_base(model).config.vision_feature_layer, len(layers))
     head = getattr(owner, "head", None)
     return list(layers)[deepest:], ([head] if head is not None else [])
 
