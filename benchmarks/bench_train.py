@@ -55,24 +55,14 @@ SIZES = {
 
 def build_models(size: str, workdir: str):
     """(norm-aligned model, stock LLaVA with the same weights, processor), composed from tiny parts built here."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
-
-    from llava_normaligned.compose import compose
+    from llava_normaligned.compose import compose, stock_llava_like
     from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, save_tiny_parts
 
     spec = SIZES[size]
     parts = save_tiny_parts(os.path.join(workdir, "parts"), vision=TinyVisionSpec(**spec["vision"]),
                             text=TinyTextSpec(**spec["text"]))
     model, processor = compose(*parts)
-    cfg = model.config
-    stock = LlavaForConditionalGeneration(LlavaConfig(
-        vision_config=cfg.vision_config.to_dict(), text_config=cfg.text_config.to_dict(),
-        image_token_index=cfg.image_token_index, image_seq_length=cfg.image_seq_length,
-        vision_feature_select_strategy=cfg.vision_feature_select_strategy,
-        vision_feature_layer=cfg.vision_feature_layer, projector_hidden_act=cfg.projector_hidden_act))
-    missing = stock.load_state_dict(model.state_dict(), strict=False).missing_keys
-    assert not missing, missing
-    return model, stock, processor
+    return model, stock_llava_like(model), processor
 
 
 def write_data(folder: str, rows: int, image_size: int, seed: int = 0) -> str:

@@ -51,7 +51,7 @@ def mmbench_rows() -> list[dict]:
 
 def mmstar_rows() -> list[dict]:
     return [
-        {"index": i, "question": f"Which colour fills the image?\nOptions: A: red, B: green, C: blue, D: grey",
+        {"index": i, "question": "Which colour fills the image?\nOptions: A: red, B: green, C: blue, D: grey",
          "image": image(c), "answer": a, "category": cat, "l2_category": l2, "meta_info": "{}"}
         for i, (c, a, cat, l2) in enumerate([
             (RED, "A", "coarse perception", "image scene and topic"),

@@ -39,19 +39,11 @@ def one_thread():
 def stock_model_dir(tiny_parts, tmp_path_factory):
     """A stock transformers ``LlavaForConditionalGeneration`` folder holding the same tiny parts and the same
     projector MLP as the aligned model, without the norm (paper: w/o Norm)."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
-
-    from llava_normaligned.compose import compose
+    from llava_normaligned.compose import compose, stock_llava_like
 
     out = str(tmp_path_factory.mktemp("tiny_stock"))
     composed, processor = compose(*tiny_parts, projector_norm=None)
-    fields = composed.config.to_dict()
-    for key in ("model_type", "architectures", "auto_map", "transformers_version", "projector_norm", "norm_target",
-                "norm_init", "gradient_compensation", "gradient_compensation_min"):
-        fields.pop(key, None)
-    stock = LlavaForConditionalGeneration(LlavaConfig(**fields))
-    stock.load_state_dict(composed.state_dict(), strict=True)
-    stock.save_pretrained(out)
+    stock_llava_like(composed).save_pretrained(out)
     processor.save_pretrained(out)
     return out
 

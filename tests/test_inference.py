@@ -179,29 +179,10 @@ def test_greedy_generation_logits_stay_close_to_full_precision(quantized, full_p
 @pytest.fixture(scope="module")
 def stock_llava_dir(tiny_parts, tmp_path_factory):
     """A stock transformers LLaVA (no projector norm) with the tiny parts' weights, saved with its processor."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
-
-    from llava_normaligned.compose import compose
+    from llava_normaligned.compose import compose, stock_llava_like
 
     model, processor = compose(*tiny_parts, projector_norm=None)
-    fields = {
-        k: v
-        for k, v in model.config.to_dict().items()
-        if k
-        not in (
-            "model_type",
-            "architectures",
-            "auto_map",
-            "transformers_version",
-            "projector_norm",
-            "norm_target",
-            "norm_init",
-            "gradient_compensation",
-            "gradient_compensation_min",
-        )
-    }
-    stock = LlavaForConditionalGeneration(LlavaConfig(**fields))
-    stock.load_state_dict(model.state_dict(), strict=True)
+    stock = stock_llava_like(model)
     folder = str(tmp_path_factory.mktemp("stock_llava"))
     stock.save_pretrained(folder)
     processor.save_pretrained(folder)

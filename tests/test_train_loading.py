@@ -11,7 +11,7 @@ import pytest
 import torch
 from llava_normaligned.trainer.loading import load_checkpoint
 from safetensors.torch import load_file, save_file
-from test_train_support import stock_llava_like
+from llava_normaligned.compose import stock_llava_like
 
 
 def _drop_weights(folder, predicate) -> list[str]:

@@ -18,7 +18,8 @@ from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.preprocess import prepare_dataset
 from llava_normaligned.trainer.stages import freeze_stage1, unused_vision_parameters
 from llava_normaligned.trainer.train import SUMMARY_FILE, train_stage
-from test_train_support import changed, cpu_config, snapshot, stock_llava_like, write_llava_dataset
+from llava_normaligned.compose import stock_llava_like
+from test_train_support import changed, cpu_config, snapshot, write_llava_dataset
 
 PROJECTOR_PARAMS = {
     f"model.multi_modal_projector.{name}"

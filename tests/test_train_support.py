@@ -8,6 +8,7 @@ import os
 
 import torch
 
+
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
 
 
@@ -45,23 +46,6 @@ def cpu_config(output_dir, **overrides):
     }
     values.update(overrides)
     return SFTConfig(**values)
-
-
-def stock_llava_like(model):
-    """A stock LlavaForConditionalGeneration with the norm-aligned model's weights (minus the norm)."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
-
-    cfg = model.config
-    config = LlavaConfig(
-        vision_config=cfg.vision_config.to_dict(), text_config=cfg.text_config.to_dict(),
-        image_token_index=cfg.image_token_index, image_seq_length=cfg.image_seq_length,
-        vision_feature_select_strategy=cfg.vision_feature_select_strategy,
-        vision_feature_layer=cfg.vision_feature_layer, projector_hidden_act=cfg.projector_hidden_act,
-    )
-    stock = LlavaForConditionalGeneration(config)
-    result = stock.load_state_dict(model.state_dict(), strict=False)
-    assert not result.missing_keys, result.missing_keys
-    return stock
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:

@@ -186,16 +186,10 @@ def compose_variant(parts: Parts, variant: Variant, seed: int = 0):
 
 def stock_llava(model):
     """The same weights in transformers' own ``LlavaForConditionalGeneration`` (the "w/o Norm" architecture)."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
+    from llava_normaligned.compose import stock_llava_like
 
     if getattr(model.config, "projector_norm", None) is not None:
         raise ValueError("stock_llava needs a model without the projector norm (the 'w/o Norm' variant)")
-    fields = model.config.to_dict()
-    for key in ("model_type", "architectures", "auto_map", "transformers_version", "projector_norm", "norm_target",
-                "norm_init", "gradient_compensation", "gradient_compensation_min"):
-        fields.pop(key, None)
-    stock = LlavaForConditionalGeneration(LlavaConfig(**fields))
-    result = stock.load_state_dict(model.state_dict(), strict=True)
-    del result
+    stock = stock_llava_like(model)
     stock.generation_config = model.generation_config
     return stock.eval()
