@@ -203,3 +203,13 @@ def test_lora_vision_puts_adapters_on_the_vision_tower():
         ["--stage", "2", "--model", "m", "--data-path", "d.json", "--output-dir", "out", "--use_peft", "--lora-vision"])
     assert stage_args.lora_vision and stage_args.train_vision is None
     assert VISION_TARGETS in stage2_lora_config(model_args, lora_vision=stage_args.lora_vision).target_modules
+
+
+def test_summary_records_which_sources_are_hub_datasets(tmp_path):
+    from llava_normaligned.trainer.train import _with_hub_ids
+
+    local = tmp_path / "rows.json"
+    local.write_text("[]")
+    load = {"sources": ["liuhaotian/LLaVA-Pretrain", str(local), "data/mix665k.json"], "rows_read": 3}
+    assert _with_hub_ids(load)["hub_ids"] == ["liuhaotian/LLaVA-Pretrain"]
+    assert _with_hub_ids(None) is None

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -243,6 +244,15 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
 
 
+def _with_hub_ids(load: dict | None) -> dict | None:
+    """The data report plus ``hub_ids``: the sources that are Hub dataset ids (the model card's ``datasets``)."""
+    if not isinstance(load, dict):
+        return load
+    sources = [s for s in load.get("sources") or [] if isinstance(s, str)]
+    hub_ids = [s for s in sources if re.fullmatch(r"[\w.-]+/[\w.-]+", s) and not os.path.exists(s)]
+    return {**load, "hub_ids": hub_ids}
+
+
 def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, records, run_info, peft_config) -> dict:
     args = trainer.args
     model = trainer.model
@@ -259,7 +269,7 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
         "optimizer_groups": groups,
         "freeze": freeze.to_dict(),
         "data": {
-            "load": data_report.to_dict() if hasattr(data_report, "to_dict") else data_report,
+            "load": _with_hub_ids(data_report.to_dict() if hasattr(data_report, "to_dict") else data_report),
             "prepare": prepare_report.to_dict(),
             "rows_skipped_in_training": trainer.skipped_rows,
         },
@@ -271,7 +281,7 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
             "num_train_epochs": args.num_train_epochs,
             "max_steps": args.max_steps,
             "global_steps": trainer.state.global_step,
-            "lr_scheduler_type": str(args.lr_scheduler_type),
+            "lr_scheduler_type": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
             "warmup": args.warmup_steps,
             "weight_decay": args.weight_decay,
             "seed": args.seed,
