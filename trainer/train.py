@@ -249,7 +249,9 @@ def _with_hub_ids(load: dict | None) -> dict | None:
     if not isinstance(load, dict):
         return load
     sources = [s for s in load.get("sources") or [] if isinstance(s, str)]
-    hub_ids = [s for s in sources if re.fullmatch(r"[\w.-]+/[\w.-]+", s) and not os.path.exists(s)]
+    data_file = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
+    hub_ids = [s for s in sources
+               if re.fullmatch(r"[\w.-]+/[\w.-]+", s) and not s.endswith(data_file) and not os.path.exists(s)]
     return {**load, "hub_ids": hub_ids}
 
 
