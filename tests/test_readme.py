@@ -58,3 +58,9 @@ def test_readme_cli_calls_name_real_commands_and_flags(call):
     assert known, f"no parser found for `llava-normaligned {name}`"
     unknown = [f for f in (a.split("=")[0] for a in args if a.startswith("--")) if f not in known]
     assert not unknown, f"`llava-normaligned {name}` has no option {unknown}"
+
+
+def test_readme_memory_table_is_the_code_s_own_estimate():
+    from llava_normaligned.diagnostics.memory import reference_table
+
+    assert reference_table().strip() in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
