@@ -25,6 +25,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def fail(command: str, error, code: int = 2) -> int:
+    """Report a command's error in one line on stderr, ``llava-normaligned COMMAND: error: MESSAGE`` (the message's
+    first line: the way out belongs there), and return ``code`` (2: bad input, as argparse's own usage errors)."""
+    message = str(error).strip() or type(error).__name__
+    print(f"llava-normaligned {command}: error: {message.splitlines()[0]}", file=sys.stderr)
+    return code
+
+
 def _usage() -> str:
     width = max(len(name) for name in COMMANDS)
     lines = ["usage: llava-normaligned <command> [options]", "", "commands:"]

@@ -10,10 +10,17 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText
 
 from .configuration_llava_normaligned import AUTO_MAP, LlavaNormAlignedConfig
 from .modeling_llava_normaligned import (
+    TEXT_NORM_EPS,
     LlavaNormAlignedForConditionalGeneration,
     LlavaNormAlignedModel,
     LlavaNormAlignedPreTrainedModel,
     NormAlignedLayerNorm,
+    compensation_factor,
+    embedding_row_norms,
+    gain_init,
+    gain_statistics,
+    image_token_id_of,
+    model_norm_target,
     norm_gain_init,
     text_embedding_norm_target,
 )
@@ -37,6 +44,7 @@ def register_auto_classes() -> None:
 register_auto_classes()
 
 __all__ = [
+    "TEXT_NORM_EPS",
     "AUTO_MAP",
     "REMOTE_CODE_FILES",
     "LlavaNormAlignedConfig",
@@ -44,6 +52,12 @@ __all__ = [
     "LlavaNormAlignedModel",
     "LlavaNormAlignedPreTrainedModel",
     "NormAlignedLayerNorm",
+    "compensation_factor",
+    "embedding_row_norms",
+    "gain_init",
+    "gain_statistics",
+    "image_token_id_of",
+    "model_norm_target",
     "norm_gain_init",
     "register_auto_classes",
     "text_embedding_norm_target",
