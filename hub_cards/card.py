@@ -616,6 +616,14 @@ def validate_on_hub(card: ModelCard) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    from llava_normaligned.cli import fail
+
+    from .selfcheck import SelfCheckError, check_checkpoint_folder
+
+    try:
+        check_checkpoint_folder(args.folder)
+    except SelfCheckError as error:  # bad input: exit 2, as argparse's own usage errors
+        return fail("card", error)
     try:
         card = render_card(args.folder, card_options(args, args.repo_id, args.revision))
         check_card(card)

@@ -15,6 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from .cli import fail
 from .loading import (  # noqa: F401  (re-exported)
     DTYPE_NAMES,
     KEEP_UNQUANTIZED,
@@ -315,9 +316,10 @@ def main(argv: list[str] | None = None) -> int:
             attn_implementation=args.attn_implementation,
             return_report=True,
         )
+    except SourceNotFound as error:  # a model that is not there: bad input, exit 2
+        return fail("generate", error)
     except (ImportError, RuntimeError, ValueError, OSError) as error:
-        print(f"llava-normaligned generate: error: {error}", file=sys.stderr)
-        return 1
+        return fail("generate", error, code=1)
     if not args.quiet:
         print(f"{args.model}: {report.summary()}", file=sys.stderr)
     if resume is not None:

@@ -290,10 +290,13 @@ def test_card_command_writes_the_readme(folder, capsys):
 
 
 def test_card_command_reports_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
-    assert main([str(tmp_path)]) == 1
-    assert f"{tmp_path}: no config.json" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2  # bad input
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: no config.json" in err and len(err.strip().splitlines()) == 1
+    assert main([str(tmp_path / "nope")]) == 2
+    assert "not a folder" in capsys.readouterr().err
     (tmp_path / "adapter_config.json").write_text("{}")
-    assert main([str(tmp_path)]) == 1
+    assert main([str(tmp_path)]) == 2
     assert "a PEFT adapter" in capsys.readouterr().err
 
 

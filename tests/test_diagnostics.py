@@ -438,7 +438,7 @@ def test_loading_errors_exit_2_with_the_message(tiny_model_dir, tmp_path, capsys
         assert main([tiny_model_dir, "--device", "cuda", "--output-dir", out, "--no-plots"]) == 2
         assert "'cuda' was requested but is not available" in capsys.readouterr().err
     assert main(["./no/such/model", "--estimate-memory"]) == 2
-    assert "model folder not found: ./no/such/model" in capsys.readouterr().err
+    assert "model './no/such/model': no such folder" in capsys.readouterr().err
     assert main([tiny_model_dir, "--estimate-memory", "--dtype", "float8"]) == 2
     assert "--dtype" in capsys.readouterr().err
     assert not os.path.exists(out)
