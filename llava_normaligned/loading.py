@@ -149,6 +149,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def require_bitsandbytes():
     """Import bitsandbytes or raise an ImportError that says how to install it."""
+    from .cli import quiet_known_notices
+
+    quiet_known_notices()  # its optional-kernel notice at import (see there)
     try:
         import bitsandbytes
     except ImportError as error:
