@@ -20,9 +20,11 @@ norm, ``PROJECTOR_NORM_PATH``: remote code cannot import this package.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where a live model is read, so the table costs nothing to import
+    import torch
+    from torch import nn
 
 PARTS = ("vision_tower", "projector", "llm")
 # Prefixes wrappers add to parameter and module names: DDP, torch.compile, PEFT.
@@ -177,6 +179,8 @@ def part_of(name: str, family: Family = LLAVA) -> str | None:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside DDP (``.module``), torch.compile (``._orig_mod``) and PEFT (``get_base_model()``)."""
+    from torch import nn
+
     for _ in range(8):
         if hasattr(model, "get_base_model") and callable(model.get_base_model):
             model = model.get_base_model()
@@ -191,6 +195,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def _active(module):
     """PEFT's ``modules_to_save`` wraps a module: the trained copy of the active adapter is the one in use."""
+    from torch import nn
+
     copies = getattr(module, "modules_to_save", None)
     if isinstance(copies, nn.ModuleDict) and len(copies):
         return copies[getattr(module, "active_adapter", None) or next(iter(copies.keys()))]
@@ -199,6 +205,8 @@ def _active(module):
 
 def _resolve(root: nn.Module, path: str, base_path: str):
     """The module at ``path`` of ``root`` (a model with its head), or of ``root`` as the base model itself."""
+    from torch import nn
+
     for candidate in (path, path[len(base_path) + 1 :] if path.startswith(base_path + ".") else None):
         if candidate is None:
             continue
@@ -245,6 +253,8 @@ class Anatomy:
 
 
 def _find(model: nn.Module, family: Family) -> tuple[dict, list[str]]:
+    from torch import nn
+
     parts, missing = {}, []
     for key in ("vision_tower", "projector", "language_model"):
         path = getattr(family, key)

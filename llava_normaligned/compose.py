@@ -15,32 +15,15 @@ import logging
 import os
 from contextlib import contextmanager
 
-import torch
-from transformers import (
-    AutoConfig,
-    LlavaConfig,
-    AutoImageProcessor,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoProcessor,
-    AutoTokenizer,
-    LlavaForConditionalGeneration,
-    LlavaProcessor,
-)
-from transformers.initialization import no_init_weights
-
-from modeling_llava_normaligned import (
-    LlavaNormAlignedConfig,
-    LlavaNormAlignedForConditionalGeneration,
-    gain_statistics,
-    model_norm_target,
-    text_embedding_norm_target,
-)
+from typing import TYPE_CHECKING
 
 from .anatomy import anatomy_of
 from .cli import fail
-from .loading import TRUST_REMOTE_CODE_DEFAULT, add_trust_remote_code_flags, check_source, dtype_argument
-from .tiny import IMAGE_TOKEN
+from .loading import TRUST_REMOTE_CODE_DEFAULT, add_trust_remote_code_flags, check_source, dtype_argument, parse_dtype
+
+if TYPE_CHECKING:  # torch and transformers are imported where a model is built: `--help` does not wait for them
+    import torch
+    from transformers import LlavaForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +40,7 @@ MULTIMODAL_CONTENT_PREAMBLE = (
     "{%- if _m['content'] is string or _m['content'] is none -%}{%- set _mm.messages = _mm.messages + [_m] -%}"
     "{%- else -%}{%- set _t = namespace(text='') -%}"
     "{%- for _p in _m['content'] -%}"
-    "{%- if _p['type'] == 'image' -%}{%- set _t.text = _t.text + '" + IMAGE_TOKEN + "\\n' -%}"
+    "{%- if _p['type'] == 'image' -%}{%- set _t.text = _t.text + '" + "@IMAGE_TOKEN@" + "\\n' -%}"
     "{%- elif _p['type'] == 'text' -%}{%- set _t.text = _t.text + _p['text'] -%}{%- endif -%}"
     "{%- endfor -%}"
     "{%- set _mm.messages = _mm.messages + [{'role': _m['role'], 'content': _t.text}] -%}"
@@ -69,12 +52,16 @@ MULTIMODAL_CONTENT_PREAMBLE = (
 
 @contextmanager
 def _meta_device():
+    import torch
+
     with torch.device("meta"):
         yield
 
 
 def _adopt(dst: torch.nn.Module, src: torch.nn.Module, what: str) -> None:
     """Make ``dst`` use ``src``'s parameters and buffers (same names, same shapes): no copy, no re-initialisation."""
+    import torch
+
     src_state = dict(src.named_parameters())
     src_state.update(dict(src.named_buffers()))
     dst_names = {n for n, _ in dst.named_parameters()} | {n for n, _ in dst.named_buffers()}
@@ -100,6 +87,8 @@ def _adopt(dst: torch.nn.Module, src: torch.nn.Module, what: str) -> None:
 
 def _vision_parts(vision_model: str, revision: str | None, dtype, trust_remote_code: bool):
     """Load the vision encoder's config and weights; return (vision_config, vision module with those weights)."""
+    from transformers import AutoConfig, AutoModel
+
     config = AutoConfig.from_pretrained(vision_model, revision=revision, trust_remote_code=trust_remote_code)
     if config.model_type == "siglip2" or config.model_type == "siglip2_vision_model":
         raise ValueError(
@@ -151,6 +140,8 @@ def _select_strategy(vision_config) -> tuple[str, int]:
 
 def multimodal_chat_template(template: str | None, tokenizer) -> str | None:
     """The LM's chat template, made to accept image parts. Returned unchanged when it already renders them."""
+    from .tiny import IMAGE_TOKEN
+
     if not template:
         return None
     probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hello"}]}]
@@ -160,7 +151,7 @@ def multimodal_chat_template(template: str | None, tokenizer) -> str | None:
         rendered = ""
     if IMAGE_TOKEN in rendered and "hello" in rendered:
         return template
-    return MULTIMODAL_CONTENT_PREAMBLE + template
+    return MULTIMODAL_CONTENT_PREAMBLE.replace("@IMAGE_TOKEN@", IMAGE_TOKEN) + template
 
 
 def compose(
@@ -174,7 +165,7 @@ def compose(
     vision_feature_layer: int = -2,
     vision_feature_select_strategy: str | None = None,
     projector_hidden_act: str = "gelu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     revision: str | None = None,
     text_revision: str | None = None,
     trust_remote_code: bool | None = TRUST_REMOTE_CODE_DEFAULT,
@@ -187,8 +178,20 @@ def compose(
     token's row left out, as everywhere: ``text_embedding_norm_target``), is stored in the config (paper §5.1).
     Returns (model, processor).
     """
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer, LlavaProcessor
+
+    from modeling_llava_normaligned import (
+        LlavaNormAlignedConfig,
+        LlavaNormAlignedForConditionalGeneration,
+        text_embedding_norm_target,
+    )
+
+    from .tiny import IMAGE_TOKEN
+
     check_source(vision_model, "vision model", revision=revision)
     check_source(text_model, "text model", revision=text_revision)
+    dtype = parse_dtype(dtype)
     vision_config, vision_tower = _vision_parts(vision_model, revision, dtype, trust_remote_code)
     strategy, n_extra = _select_strategy(vision_config)
     strategy = vision_feature_select_strategy or strategy
@@ -208,7 +211,9 @@ def compose(
     )
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     # raises if every row is 0; the image token's row, if the LM has one already, is not text (paper §5.1)
-    norm_target = text_embedding_norm_target(input_embedding_weight(llm, text_model), exclude_token_ids=(image_token_id,))
+    norm_target = text_embedding_norm_target(
+        input_embedding_weight(llm, text_model), exclude_token_ids=(image_token_id,)
+    )
     if tokenizer.pad_token is None:  # batched generation and training need one; Llama 3 ships none
         tokenizer.pad_token = tokenizer.eos_token
     image_size, patch_size = vision_config.image_size, vision_config.patch_size
@@ -287,7 +292,17 @@ def convert_from_llava(
 ):
     """Turn a stock ``LlavaForConditionalGeneration`` checkpoint (legacy or current key layout) into a norm-aligned
     one. Every stock weight must be present; only the new norm is initialised. Returns (model, processor)."""
+    import torch
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from modeling_llava_normaligned import (
+        LlavaNormAlignedConfig,
+        LlavaNormAlignedForConditionalGeneration,
+        model_norm_target,
+    )
+
     check_source(source, "stock LLaVA checkpoint", revision=revision)
+    dtype = parse_dtype(dtype)
     stock, info = LlavaForConditionalGeneration.from_pretrained(
         source, revision=revision, dtype=dtype, output_loading_info=True
     )
@@ -335,6 +350,9 @@ def stock_llava_like(model) -> LlavaForConditionalGeneration:
     """Stock transformers ``LlavaForConditionalGeneration`` with the same configuration and weights as a
     norm-aligned ``model``, minus the projector norm: the baseline of every comparison (tests, benchmarks, demo).
     With ``projector_norm=None`` the two compute the same logits."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+    from transformers.initialization import no_init_weights
+
     config = model.config.to_dict()
     for key in (*NORM_FIELDS, "norm_target", "model_type", "architectures", "auto_map", "transformers_version"):
         config.pop(key, None)
@@ -448,6 +466,8 @@ def convert_main(argv: list[str] | None = None) -> int:
 
 
 def _report(model, output_dir: str) -> None:
+    from modeling_llava_normaligned import gain_statistics
+
     cfg = model.config
     norm = anatomy_of(model).projector_norm
     gain = "n/a" if norm is None else f"{gain_statistics(norm.weight, norm.bias)['gain_abs_mean']:.5f}"

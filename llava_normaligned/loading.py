@@ -41,10 +41,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from .anatomy import LLAVA, anatomy_of, family_of
+
+if TYPE_CHECKING:  # torch is imported by the functions that need it: `--help` and argument checks run without it
+    import torch
+    from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +60,15 @@ KEEP_UNQUANTIZED = tuple(LLAVA.keep_unquantized())
 QUANTIZED_ROOT = LLAVA.language_model
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 BITSANDBYTES_INSTALL = "pip install 'llava-normaligned[quant]'  (or: pip install 'bitsandbytes>=0.45')"
-DTYPE_NAMES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float": torch.float32,
+DTYPE_NAMES = {  # accepted name -> torch dtype name
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float": "float32",
 }
 
 
@@ -75,24 +78,34 @@ DTYPE_NAMES = {
 def parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     """``None`` / ``"auto"`` -> None (as stored); a torch dtype or one of ``DTYPE_NAMES`` -> that dtype. The one
     dtype parser of every command (``--dtype``) and of the Python API; ValueError for anything else."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
+    if dtype is None or dtype == "auto":
         return None
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"dtype: unknown value {dtype!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}")
-    return DTYPE_NAMES[dtype]
+    if isinstance(dtype, str):
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype: unknown value {dtype!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}")
+        import torch
+
+        return getattr(torch, DTYPE_NAMES[dtype])
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    raise ValueError(f"dtype: unknown value {dtype!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}")
 
 
-def dtype_argument(name: str) -> torch.dtype | None:
-    """``parse_dtype`` as an argparse ``type`` (its message, as a usage error)."""
-    try:
-        return parse_dtype(name)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+def dtype_argument(name: str) -> str | None:
+    """``parse_dtype`` as an argparse ``type`` (its message, as a usage error; no torch import while parsing, so the
+    value stays the accepted name until ``parse_dtype`` is called on it)."""
+    if name != "auto" and name not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"dtype: unknown value {name!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}"
+        )
+    return None if name == "auto" else name
 
 
 def _device_available(device: torch.device) -> bool:
+    import torch
+
     if device.type == "cpu":
         return True
     if device.type == "cuda":
@@ -106,6 +119,8 @@ def _device_available(device: torch.device) -> bool:
 
 def best_device() -> torch.device:
     """The first available of cuda, xpu, mps, cpu."""
+    import torch
+
     for name in ("cuda", "xpu", "mps"):
         if _device_available(torch.device(name)):
             return torch.device(name, 0) if name != "mps" else torch.device(name)
@@ -114,6 +129,8 @@ def best_device() -> torch.device:
 
 def parse_device(device: str | torch.device) -> torch.device:
     """Parse a device string; ValueError for one that is not a device type this package runs on."""
+    import torch
+
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
@@ -128,6 +145,8 @@ def parse_device(device: str | torch.device) -> torch.device:
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """Parse and check a device: ``"auto"`` picks the best available one. Raises ValueError for a string that is
     not a device this package runs on, RuntimeError for a device this machine does not have."""
+    import torch
+
     if device is None or device == "auto":
         return best_device()
     parsed = parse_device(device)
@@ -184,6 +203,8 @@ def compute_dtype_for(device: torch.device, dtype: torch.dtype | None, training:
     Inference: a requested 16-bit dtype, else bf16 (fp16 on a GPU without it). On CPU, bitsandbytes 0.50 repacks
     4-bit weights for its own kernel; bf16 and fp32 compute gave identical logits on the tiny model there, bf16
     being the faster (docs/inference.md). Training: the requested dtype, fp32 when none is given."""
+    import torch
+
     if training:
         return dtype or torch.float32
     if dtype in (torch.bfloat16, torch.float16):
@@ -194,13 +215,15 @@ def compute_dtype_for(device: torch.device, dtype: torch.dtype | None, training:
 
 
 def quantization_config(
-    mode: str, compute_dtype: torch.dtype = torch.bfloat16, *, quant_type: str = "nf4", keep_unquantized=None
+    mode: str, compute_dtype: torch.dtype | None = None, *, quant_type: str = "nf4", keep_unquantized=None
 ):
     """The one ``BitsAndBytesConfig`` of a mode: 4-bit (NF4 by default; ``quant_type="fp4"`` for training's
     ``--bnb_4bit_quant_type``) with double quantization, or LLM.int8; both keep ``keep_unquantized`` (default: the
     LLaVA family's ``KEEP_UNQUANTIZED``) in floating point."""
+    import torch
     from transformers import BitsAndBytesConfig
 
+    compute_dtype = compute_dtype or torch.bfloat16
     skip = list(KEEP_UNQUANTIZED if keep_unquantized is None else keep_unquantized)
     if mode == "4bit":
         return BitsAndBytesConfig(
@@ -279,6 +302,8 @@ def _is_bnb_linear(module: nn.Module) -> bool:
 def verify_quantization(model: nn.Module, mode: str | None) -> QuantizationReport:
     """Walk the module tree: no bitsandbytes layer under the family's ``keep_unquantized()``, and (when ``mode`` is set) every
     linear layer of the language model quantized in that mode. Raises RuntimeError otherwise."""
+    from torch import nn
+
     report = QuantizationReport(mode=mode, device=str(getattr(model, "device", "?")))
     family = family_of(getattr(model, "config", None)) or LLAVA  # a LLaVA-style model of a type not in the table
     quantized_root = family.language_model
@@ -514,6 +539,7 @@ def load_model(
     Raises ``SourceNotFound`` (a FileNotFoundError) for a name that is no folder and no reachable repo, ImportError
     without bitsandbytes, RuntimeError when the device cannot run the mode. Never falls back to full precision.
     """
+    import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     if quantization is not None and quantization not in QUANTIZATION_MODES:
@@ -594,6 +620,8 @@ def _placement(
     it, not through host memory; in training nothing is placed (the Trainer does it). Quantized: bitsandbytes
     quantizes while loading onto the device, so a device is always resolved (checked against the installed
     bitsandbytes; in training this process's GPU, ``LOCAL_RANK``) and the unquantized parts get a definite dtype."""
+    import torch
+
     kwargs: dict = {}
     if mode is None:
         if dtype is not None:
