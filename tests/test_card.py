@@ -251,6 +251,20 @@ def test_the_card_names_the_ablation_variant(fields, expected):
     assert expected in variant_text(fields)
 
 
+def test_headline_and_method_describe_the_checkpoint_s_own_variant(folder):
+    """A "default init, GWC off" checkpoint (the demo's best model in one run) is not sold as the paper's fix."""
+    full = str(render_card(folder))
+    head, method = full.split("## Usage")[0], full[full.index("## Method"): full.index("## Model")]
+    assert "norm-aligning LayerNorm (gain T/√D, GWC on)" in head and "uses that fix as described" in method
+    edit_json(folder / "config.json", norm_init="default", gradient_compensation=False)
+    text = str(render_card(folder))
+    head, method = text.split("## Usage")[0], text[text.index("## Method"): text.index("## Model")]
+    assert "a LayerNorm (default init, gain 1, GWC off: one of the paper's ablations)" in head
+    assert "T/√D" not in head and "uses that fix" not in method
+    assert "one of the paper's ablations, not the fix as described" in method
+    assert "gain initialised to 1" in method and "Global Weight Compensation off" in method
+
+
 def test_stock_variant_card_has_no_gain_rows(folder):
     edit_json(folder / "config.json", projector_norm=None)
     rows, stats = norm_statistics(read_checkpoint(folder))
