@@ -425,7 +425,7 @@ def test_a_model_it_cannot_probe_is_a_clear_error(tiny_parts, tiny_model, tmp_pa
     assert rc == 2
     assert "not a vision-language model" in capsys.readouterr().err
     del tiny_model.model.multi_modal_projector
-    with pytest.raises(DiagnosticsError, match=r"no model\.model\.multi_modal_projector"):
+    with pytest.raises(DiagnosticsError, match=r"no model\.multi_modal_projector"):
         locate(tiny_model, "tiny")
 
 
