@@ -550,19 +550,10 @@ def load_model(
         require_bitsandbytes()  # before any download
     register_local_model()
     adapter = find_adapter(model_name_or_path, revision)
-    if adapter is not None:
-        model, processor, report = _load_adapter(
-            model_name_or_path,
-            adapter,
-            revision,
-            quantization,
-            device=device,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
-            for_training=for_training,
-            quant_type=quant_type,
-        )
+    if adapter is not None:  # its base, loaded with the same options, then the adapter on it
+        options = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code,
+                   "attn_implementation": attn_implementation, "for_training": for_training, "quant_type": quant_type}
+        model, processor, report = _load_adapter(model_name_or_path, adapter, revision, quantization, **options)
         return (model, processor, report) if return_report else (model, processor)
 
     hub_kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
