@@ -104,9 +104,9 @@ class Family:
         for part, prefixes in self.part_prefixes.items():
             for prefix in prefixes:
                 for candidate in (prefix, self._relative_to_base(prefix)):
-                    if candidate and (name == candidate or name.startswith(candidate + ".")):
-                        if len(candidate) > best_length:  # the most specific part wins (a projector in a tower)
-                            best, best_length = part, len(candidate)
+                    matches = candidate and (name == candidate or name.startswith(candidate + "."))
+                    if matches and len(candidate) > best_length:  # the most specific wins (a projector in a tower)
+                        best, best_length = part, len(candidate)
         return best
 
     def _relative_to_base(self, path: str) -> str | None:

@@ -14,7 +14,6 @@ import argparse
 import logging
 import os
 from contextlib import contextmanager
-
 from typing import TYPE_CHECKING
 
 from .anatomy import anatomy_of

@@ -40,7 +40,6 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from .anatomy import LLAVA, anatomy_of, family_of

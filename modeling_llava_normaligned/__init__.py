@@ -31,4 +31,5 @@ def register_auto_classes() -> None:
 
 register_auto_classes()
 
-__all__ = ["AUTO_MAP", "REMOTE_CODE_FILES", "LlavaNormAlignedConfig", "register_auto_classes", *_modeling.__all__]
+__all__ = ["AUTO_MAP", "REMOTE_CODE_FILES", "LlavaNormAlignedConfig", "register_auto_classes"]
+__all__ += _modeling.__all__

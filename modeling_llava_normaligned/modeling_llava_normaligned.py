@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel
 from transformers import initialization as init
-from transformers.utils import logging
 from transformers.models.llava.modeling_llava import (
     LlavaForConditionalGeneration,
     LlavaModel,
     LlavaMultiModalProjector,
     LlavaPreTrainedModel,
 )
+from transformers.utils import logging
 
 from .configuration_llava_normaligned import LlavaNormAlignedConfig
 
@@ -291,6 +291,10 @@ class LlavaNormAlignedForConditionalGeneration(LlavaNormAlignedPreTrainedModel, 
 
 __all__ = [
     "TEXT_NORM_EPS",
+    "LlavaNormAlignedForConditionalGeneration",
+    "LlavaNormAlignedModel",
+    "LlavaNormAlignedPreTrainedModel",
+    "NormAlignedLayerNorm",
     "compensation_factor",
     "embedding_row_norms",
     "gain_init",
@@ -298,9 +302,5 @@ __all__ = [
     "image_token_id_of",
     "model_norm_target",
     "norm_gain_init",
-    "LlavaNormAlignedForConditionalGeneration",
-    "LlavaNormAlignedModel",
-    "LlavaNormAlignedPreTrainedModel",
-    "NormAlignedLayerNorm",
     "text_embedding_norm_target",
 ]

@@ -56,7 +56,7 @@ def test_readme_python_blocks_run_as_written(tiny_parts, tiny_model_dir, tmp_pat
         for text, replacement in table.items():
             code = code.replace(text, replacement)
         result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=600, stdin=subprocess.DEVNULL)
+                                timeout=600, stdin=subprocess.DEVNULL, check=False)
         assert result.returncode == 0, f"README python block {number} failed:\n{block}\n{result.stderr[-3000:]}"
         # no remote-code prompt on the way (the processor needs no code of the checkpoint)
         assert "Do you wish to run the custom code" not in result.stdout + result.stderr, f"block {number}"

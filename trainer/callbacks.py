@@ -36,7 +36,8 @@ import os
 import torch
 from transformers import TrainerCallback
 
-from llava_normaligned.anatomy import anatomy_of, projector_norm_of, projector_of, strip_wrappers  # noqa: F401  (re-exported)
+# projector_of / projector_norm_of: callers import them from here too
+from llava_normaligned.anatomy import anatomy_of, projector_norm_of, projector_of, strip_wrappers
 
 logger = logging.getLogger(__name__)
 

@@ -56,10 +56,13 @@ def apply_norm_variant(model, *, stage: int, **variant) -> dict:
     variant (gain T/sqrt(D) or 1, bias 0; paper §5.1). In stage 2 a variant must match the checkpoint (the norm was
     trained in stage 1), otherwise it is an error. Returns the fields that changed.
     """
-    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, NormAlignedLayerNorm
-    from modeling_llava_normaligned import gain_statistics, model_norm_target
-
     from llava_normaligned.anatomy import anatomy_of
+    from modeling_llava_normaligned import (
+        LlavaNormAlignedForConditionalGeneration,
+        NormAlignedLayerNorm,
+        gain_statistics,
+        model_norm_target,
+    )
 
     if not variant:
         return {}

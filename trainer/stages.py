@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from llava_normaligned.anatomy import PARTS, anatomy_of, base_model, part_of  # noqa: F401  (part_of: re-exported)
+# PARTS and part_of: callers import them from here too
+from llava_normaligned.anatomy import PARTS, anatomy_of, base_model, part_of
 
 logger = logging.getLogger(__name__)
 

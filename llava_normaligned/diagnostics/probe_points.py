@@ -16,6 +16,7 @@ from llava_normaligned.anatomy import AnatomyError, anatomy_of
 
 from .config import DiagnosticsError
 
+
 @dataclass
 class ProbePoints:
     model: nn.Module  # the model with its LM head
