@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText
 
 from . import modeling_llava_normaligned as _modeling
 from .configuration_llava_normaligned import AUTO_MAP, LlavaNormAlignedConfig
-from .modeling_llava_normaligned import *  # noqa: F403  (the model classes and the paper's quantities: its __all__)
+from .modeling_llava_normaligned import *  # the model classes and the paper's quantities (its __all__)
 from .modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, LlavaNormAlignedModel
 
 # The files that make up the remote code of a checkpoint.
