@@ -177,6 +177,8 @@ def compose(
     token's row left out, as everywhere: ``text_embedding_norm_target``), is stored in the config (paper §5.1).
     Returns (model, processor).
     """
+    check_source(vision_model, "vision model", revision=revision)  # before the imports: a typo fails at once
+    check_source(text_model, "text model", revision=text_revision)
     import torch
     from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer, LlavaProcessor
 
@@ -188,8 +190,6 @@ def compose(
 
     from .tiny import IMAGE_TOKEN
 
-    check_source(vision_model, "vision model", revision=revision)
-    check_source(text_model, "text model", revision=text_revision)
     dtype = parse_dtype(dtype)
     vision_config, vision_tower = _vision_parts(vision_model, revision, dtype, trust_remote_code)
     strategy, n_extra = _select_strategy(vision_config)
@@ -291,6 +291,7 @@ def convert_from_llava(
 ):
     """Turn a stock ``LlavaForConditionalGeneration`` checkpoint (legacy or current key layout) into a norm-aligned
     one. Every stock weight must be present; only the new norm is initialised. Returns (model, processor)."""
+    check_source(source, "stock LLaVA checkpoint", revision=revision)  # before the imports: a typo fails at once
     import torch
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
@@ -300,7 +301,6 @@ def convert_from_llava(
         model_norm_target,
     )
 
-    check_source(source, "stock LLaVA checkpoint", revision=revision)
     dtype = parse_dtype(dtype)
     stock, info = LlavaForConditionalGeneration.from_pretrained(
         source, revision=revision, dtype=dtype, output_loading_info=True

@@ -23,6 +23,7 @@ from .loading import (  # noqa: F401  (re-exported)
     QUANTIZED_ROOT,
     SourceNotFound,
     add_trust_remote_code_flags,
+    check_source,
     load_config,
     load_model,
     parse_device,
@@ -304,6 +305,10 @@ def _run_batch(model, processor, resume: Resume, args) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    try:
+        check_source(args.model, revision=args.revision)  # first: a mistyped model fails before anything loads
+    except SourceNotFound as error:
+        return fail("generate", error)
     resume = _check_arguments(parser, args)
     try:
         model, processor, report = load_model(

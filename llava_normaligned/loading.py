@@ -538,12 +538,12 @@ def load_model(
     Raises ``SourceNotFound`` (a FileNotFoundError) for a name that is no folder and no reachable repo, ImportError
     without bitsandbytes, RuntimeError when the device cannot run the mode. Never falls back to full precision.
     """
+    if quantization is not None and quantization not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {quantization!r}")
+    check_source(model_name_or_path, revision=revision)  # before the imports: a typo fails at once
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    if quantization is not None and quantization not in QUANTIZATION_MODES:
-        raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {quantization!r}")
-    check_source(model_name_or_path, revision=revision)
     dtype = parse_dtype(dtype)
     if quantization is not None:
         require_bitsandbytes()  # before any download
