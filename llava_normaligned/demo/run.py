@@ -238,7 +238,7 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
                 position: tuple[int, int], progress: bool) -> dict:
     """Both stages of one variant, then its scores. Returns its row of the results (also ``result.json``)."""
     from llava_normaligned.trainer.callbacks import gain_statistics
-    from llava_normaligned.trainer.train import train_stage
+    from llava_normaligned.trainer.train import StageConfig, train_stage
 
     folder = paths.run(variant.key)
     start = time.perf_counter()
@@ -259,8 +259,8 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
         stage_dir = os.path.join(folder, f"stage{stage}")
         tic = time.perf_counter()
         with trainer_console_to(os.path.join(folder, f"stage{stage}_trainer_log.txt")):
-            result = train_stage(model, processor, dataset, stage=stage,
-                                 args=sft_args(stage_dir, steps, lr, config, disable_tqdm=not progress), **rates)
+            result = train_stage(model, processor, dataset, stage=StageConfig(stage, **rates),
+                                 args=sft_args(stage_dir, steps, lr, config, disable_tqdm=not progress))
         seconds[f"stage{stage}"] = time.perf_counter() - tic
         model = result.model
         tracking[f"stage{stage}"] = result.norm_tracking
