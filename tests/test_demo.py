@@ -207,3 +207,20 @@ def test_text_pretraining_lowers_the_lm_loss():
     held_out = conversations(64, seed=1, split="test")
     train = conversations(64, seed=1, split="train")
     assert not {c[0]["content"] for c in held_out} & {c[0]["content"] for c in train}
+
+
+def test_the_demo_is_its_own_package_and_training_does_not_use_it():
+    """The demo lives in llava_normaligned.demo; nothing under trainer/ imports it (training is not the demo)."""
+    import ast
+    from pathlib import Path
+
+    import llava_normaligned.demo as demo
+    import llava_normaligned.trainer as trainer
+
+    assert {p.stem for p in Path(demo.__file__).parent.glob("*.py")} >= {
+        "run", "parts", "report", "scoring", "synthetic", "text_pretrain", "vision_pretrain"}
+    for path in Path(trainer.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            assert not [n for n in names if n.startswith("llava_normaligned.demo")], f"{path.name} imports the demo"
