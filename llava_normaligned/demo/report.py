@@ -277,7 +277,7 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
                                                      (width / 2, "blank", "tab:gray", "blank images")):
             bars = ax.bar(i + offset, row["accuracy"][condition]["avg"], width, color=bar_colour,
                           label=label if i == 0 else None)
-            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+            ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)  # as results.md prints them
     chance = sum(results["dataset"]["chance_accuracy"].values()) / len(results["dataset"]["chance_accuracy"])
     ax.axhline(chance, color="black", linestyle=":", label=f"chance ({chance:.2f})")
     ax.set_xticks(range(len(rows)))
