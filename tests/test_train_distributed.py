@@ -39,7 +39,8 @@ RANK_SCRIPT = textwrap.dedent('''
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"rank": rank, "world_size": dist.get_world_size(), "backend": dist.get_backend(),
                    "pid": os.getpid(), "parallel_mode": str(args.parallel_mode),
-                   "find_unused": args.ddp_find_unused_parameters, "images_checked_here": report.images_checked_here,
+                   "find_unused": result.trainer.args.ddp_find_unused_parameters,  # set on train_stage's copy
+                   "images_checked_here": report.images_checked_here,
                    "prepare": result.summary["data"]["prepare"]}, handle)
 ''')
 

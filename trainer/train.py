@@ -362,7 +362,8 @@ def prepare_stage(
 
     if peft_config is None:
         freeze = freeze_for_stage(model, stage, train_vision=config.train_vision)
-    prepared, prepare_report = _prepare_rows(train_dataset, processor, args, stage=stage, on_too_long=config.on_too_long)
+    prepared, prepare_report = _prepare_rows(train_dataset, processor, args, stage=stage,
+                                             on_too_long=config.on_too_long)
     if eval_dataset is not None:
         eval_dataset, _ = _prepare_rows(eval_dataset, processor, args, stage=2, on_too_long=config.on_too_long)
     _ddp_finds_unused(args, stage, prepare_report)
