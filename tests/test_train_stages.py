@@ -232,6 +232,19 @@ def test_per_part_rates_and_pre_clip_gradient_norms_are_logged(tiny_model, tiny_
         assert entry["grad_norm"] > 100 * args.max_grad_norm
 
 
+def test_the_stage_trainer_overrides_no_private_trainer_method():
+    """What LlavaStageTrainer changes goes through the Trainer's public hooks (training_step, compute_loss, log,
+    create_optimizer), so a transformers or TRL release that renames a private method cannot silently bypass it."""
+    from trl import SFTTrainer
+
+    from llava_normaligned.trainer.train import LlavaStageTrainer
+
+    overridden = {name for name, value in vars(LlavaStageTrainer).items()
+                  if callable(value) and name.startswith("_") and not name.startswith("__") and hasattr(SFTTrainer, name)}
+    assert not overridden, f"private Trainer methods overridden: {sorted(overridden)}"
+    assert {"training_step", "compute_loss", "log", "create_optimizer"} <= set(vars(LlavaStageTrainer))
+
+
 def test_part_gradient_norms_are_read_after_the_last_accumulated_micro_batch(tiny_model, tiny_processor, dataset,
                                                                              tmp_path):
     """With gradient accumulation the parts are read once the step's gradients are whole (their total is the
