@@ -1,6 +1,6 @@
 """The CPU demo's outputs: ``results.json``, ``results.md`` (the paper's Tables 4 and 5 layout) and the figures.
 
-Everything here reads the ``results`` dict that ``demo.py`` assembles; nothing is computed twice. Rows of
+Everything here reads the ``results`` dict that ``run.py`` assembles; nothing is computed twice. Rows of
 ``results["rows"]`` (one per variant, then the stock row):
 
     {"name", "key", "recipe", "accuracy": {"real": {template: acc, "avg": acc}, "blank": {...}}, "visual_gain",
