@@ -134,11 +134,11 @@ class StepTimer:
 
 
 def run_norm_aligned(model, processor, dataset, stage, opts, workdir):
-    from llava_normaligned.trainer.train import train_stage
+    from llava_normaligned.trainer.train import StageConfig, train_stage
 
     timer = StepTimer(opts.device)
-    train_stage(model, processor, dataset, stage=stage, args=sft_config(os.path.join(workdir, "na"), opts, stage),
-                callbacks=[timer.callback], save=False)
+    train_stage(model, processor, dataset, args=sft_config(os.path.join(workdir, "na"), opts, stage),
+                stage=StageConfig(stage, save_final=False), callbacks=[timer.callback])
     return timer.step_times(opts.warmup)
 
 

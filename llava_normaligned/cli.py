@@ -13,8 +13,8 @@ import warnings
 
 # name -> (module, function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "demo": ("llava_normaligned.trainer.demo", "main", "CPU demo: the paper's comparison on synthetic images"),
-    "make-data": ("llava_normaligned.trainer.synthetic", "main", "write the synthetic VQA dataset (LLaVA JSON)"),
+    "demo": ("llava_normaligned.demo.run", "main", "CPU demo: the paper's comparison on synthetic images"),
+    "make-data": ("llava_normaligned.demo.synthetic", "main", "write the synthetic VQA dataset (LLaVA JSON)"),
     "train": ("llava_normaligned.trainer.train", "main", "train stage 1 or 2 with TRL's SFTTrainer"),
     "compose": ("llava_normaligned.compose", "compose_main", "build a model from a vision encoder and a causal LM"),
     "convert": ("llava_normaligned.compose", "convert_main", "turn a stock LLaVA checkpoint into a norm-aligned one"),

@@ -188,14 +188,14 @@ SYNTHETIC_TEST_PER_TEMPLATE = 16
 
 def synthetic_test_rows() -> int:
     """How many test questions `write_synthetic` writes: 16 per question template of the dataset."""
-    from llava_normaligned.trainer.synthetic import TEMPLATES
+    from llava_normaligned.demo.synthetic import TEMPLATES
 
     return SYNTHETIC_TEST_PER_TEMPLATE * len(TEMPLATES)
 
 
 def write_synthetic(data_dir: str) -> str:
     """The demo's held-out split, written by `make-data` itself (16 test questions per template, 32-px images)."""
-    from llava_normaligned.trainer.synthetic import SyntheticSpec, make_dataset
+    from llava_normaligned.demo.synthetic import SyntheticSpec, make_dataset
 
     folder = os.path.join(data_dir, "synthetic")
     make_dataset(folder, SyntheticSpec(train_per_template=16, test_per_template=SYNTHETIC_TEST_PER_TEMPLATE), progress=False)

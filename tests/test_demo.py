@@ -13,9 +13,9 @@ import os
 import re
 
 import pytest
-from llava_normaligned.trainer import synthetic
-from llava_normaligned.trainer.demo import torch_threads
-from llava_normaligned.trainer.demo_parts import VARIANTS
+from llava_normaligned.demo import synthetic
+from llava_normaligned.demo.run import torch_threads
+from llava_normaligned.demo.parts import VARIANTS
 from PIL import Image
 
 TEMPLATES = {t.name for t in synthetic.TEMPLATES}
@@ -90,7 +90,7 @@ def test_table5_statistics_of_the_norm(results):
 
 
 def test_results_markdown_has_both_tables(quick_demo, results):
-    from llava_normaligned.trainer.demo_report import SELECTION_NOTE, STOCK_ROW_NOTE
+    from llava_normaligned.demo.report import SELECTION_NOTE, STOCK_ROW_NOTE
 
     text = (quick_demo / "results.md").read_text()
     for row in results["rows"]:
@@ -107,7 +107,7 @@ def test_results_markdown_has_both_tables(quick_demo, results):
 
 
 def test_figures_are_png_files(quick_demo):
-    from llava_normaligned.trainer.demo_report import FIGURES
+    from llava_normaligned.demo.report import FIGURES
 
     for file in FIGURES.values():
         path = quick_demo / "figures" / file
@@ -174,7 +174,7 @@ def test_a_used_folder_is_refused_and_left_alone(tmp_path, capsys):
 
 
 def test_vision_pretraining_makes_the_encoder_read_every_cell():
-    from llava_normaligned.trainer.vision_pretrain import VisionPretrainConfig, pretrain_vision
+    from llava_normaligned.demo.vision_pretrain import VisionPretrainConfig, pretrain_vision
 
     from llava_normaligned.tiny import TinyVisionSpec
 
@@ -189,8 +189,8 @@ def test_vision_pretraining_makes_the_encoder_read_every_cell():
 
 
 def test_text_pretraining_lowers_the_lm_loss():
-    from llava_normaligned.trainer.demo_parts import EXTRA_WORDS
-    from llava_normaligned.trainer.text_pretrain import TextPretrainConfig, conversations, pretrain_text
+    from llava_normaligned.demo.parts import EXTRA_WORDS
+    from llava_normaligned.demo.text_pretrain import TextPretrainConfig, conversations, pretrain_text
 
     from llava_normaligned.tiny import TinyTextSpec, tiny_text_model, train_tokenizer
 
@@ -207,3 +207,20 @@ def test_text_pretraining_lowers_the_lm_loss():
     held_out = conversations(64, seed=1, split="test")
     train = conversations(64, seed=1, split="train")
     assert not {c[0]["content"] for c in held_out} & {c[0]["content"] for c in train}
+
+
+def test_the_demo_is_its_own_package_and_training_does_not_use_it():
+    """The demo lives in llava_normaligned.demo; nothing under trainer/ imports it (training is not the demo)."""
+    import ast
+    from pathlib import Path
+
+    import llava_normaligned.demo as demo
+    import llava_normaligned.trainer as trainer
+
+    assert {p.stem for p in Path(demo.__file__).parent.glob("*.py")} >= {
+        "run", "parts", "report", "scoring", "synthetic", "text_pretrain", "vision_pretrain"}
+    for path in Path(trainer.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            assert not [n for n in names if n.startswith("llava_normaligned.demo")], f"{path.name} imports the demo"

@@ -505,3 +505,35 @@ def test_memory_estimate_counts_the_parameters_and_prints(tiny_model, tiny_model
     assert small.weights_bytes == 4 * small.parameters and big.activation_bytes > small.activation_bytes
     assert main([tiny_model_dir, "--estimate-memory"]) == 0
     assert "GiB (estimate)" in capsys.readouterr().out
+
+
+def test_the_diagnostics_modules_import_each_other_without_cycles():
+    """plots -> report, never back: each module of the package can be read (and imported) on its own."""
+    import ast
+
+    import llava_normaligned.diagnostics as package
+
+    folder = os.path.dirname(package.__file__)
+    graph = {}
+    for name in sorted(n[:-3] for n in os.listdir(folder) if n.endswith(".py")):
+        with open(os.path.join(folder, f"{name}.py"), encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported |= {node.module} if node.module else {alias.name for alias in node.names}
+        graph[name] = imported - {name}
+    assert "report" in graph["plots"] and "plots" not in graph["report"]
+
+    def cycle_from(start, node, seen):
+        for nxt in graph.get(node, ()):
+            if nxt == start:
+                return [*seen, nxt]
+            if nxt not in seen:
+                found = cycle_from(start, nxt, [*seen, nxt])
+                if found:
+                    return found
+        return None
+
+    cycles = [cycle_from(name, name, [name]) for name in graph if name != "__init__"]
+    assert not [c for c in cycles if c], f"import cycles: {[c for c in cycles if c]}"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from llava_normaligned.trainer.synthetic import TEMPLATES as SYNTHETIC_TEMPLATES
+from llava_normaligned.demo.synthetic import TEMPLATES as SYNTHETIC_TEMPLATES
 
 import eval_fixtures
 from llava_normaligned.evaluation.data import EvalDataError, load_split

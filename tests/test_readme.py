@@ -64,3 +64,59 @@ def test_readme_memory_table_is_the_code_s_own_estimate():
     from llava_normaligned.diagnostics.memory import reference_table
 
     assert reference_table().strip() in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
+
+
+# ------------------------------------------------------------------------------ stated durations, from one record
+
+# where each measured duration is stated (every one of these texts must say it as llava_normaligned.timings does)
+TIMED = {
+    "README.md": ("demo", "demo_quick"),
+    "docs/demo.md": ("demo", "demo_quick"),
+    "docs/DEVELOPING.md": ("tests",),
+    "llava_normaligned/demo/run.py": ("demo", "demo_quick"),
+}
+DURATION = re.compile(r"(?:about|~|under|over|took|takes|in)\s*\d+(?:\.\d+)?(?:\s*[-–]\s*\d+(?:\.\d+)?)?\s*"
+                      r"(?:s|sec|seconds|min|mins|minutes?)\b")
+MEASURED = re.compile(r"measured \d+(?:\s*[-–]\s*\d+)? s\b")
+
+
+def _timed_lines(text: str) -> list[str]:
+    """The lines that speak of the demo's or the test suite's duration."""
+    return [line for line in text.splitlines() if re.search(r"\bdemo\b|pytest|\btests\b", line)]
+
+
+@pytest.mark.parametrize("path", sorted(TIMED))
+def test_durations_are_stated_as_the_measured_record_says(path):
+    from llava_normaligned.timings import about, measured, records, stated
+
+    text = (ROOT / path).read_text()
+    for name in TIMED[path]:
+        assert stated(name) in text, f"{path} must state the {name!r} time as `{stated(name)}` (assets/timings.json)"
+    allowed_about = {about(name) for name in records()["records"]}
+    allowed_measured = {measured(name) for name in records()["records"]}
+    for line in _timed_lines(text):
+        for phrase in DURATION.findall(line):
+            assert phrase in allowed_about, f"{path}: {phrase!r} is not a recorded duration: {line.strip()}"
+        for phrase in MEASURED.findall(line):
+            assert phrase in allowed_measured, f"{path}: {phrase!r} is not the recorded range: {line.strip()}"
+
+
+def test_demo_help_states_the_recorded_times():
+    from llava_normaligned.demo.run import make_parser
+    from llava_normaligned.timings import stated
+
+    text = " ".join(make_parser().format_help().split())
+    assert stated("demo_quick") in text and stated("demo") in text
+
+
+def test_the_duration_check_catches_drift():
+    """The check above fails on the statements it replaced."""
+    lines = ["llava-normaligned demo --output-dir ./demo            # about 10 minutes on 2 CPU cores",
+             "- `python -m pytest -q` runs everything offline on CPU in about 3-4 minutes on 2 cores",
+             "demo_ci --quick   # ~20 s: every output"]
+    from llava_normaligned.timings import about, records
+
+    allowed = {about(name) for name in records()["records"]}
+    for line in lines:
+        found = DURATION.findall(line)
+        assert found and not set(found) <= allowed, line

@@ -8,7 +8,7 @@ import os
 from collections import Counter, defaultdict
 
 import pytest
-from llava_normaligned.trainer import synthetic
+from llava_normaligned.demo import synthetic
 from PIL import Image
 
 SMALL = {"train_per_template": 32, "test_per_template": 16}

@@ -22,7 +22,7 @@ RANK_SCRIPT = textwrap.dedent('''
     from trl import SFTConfig
     from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
     from llava_normaligned.trainer.data import load_llava_json
-    from llava_normaligned.trainer.train import shared_image_checker, train_stage
+    from llava_normaligned.trainer.train import StageConfig, shared_image_checker, train_stage
 
     model_dir, data, images, out = sys.argv[1:5]
     # one row per process and step over two rows, one of them text-only: at every step one process gives the vision
@@ -32,14 +32,15 @@ RANK_SCRIPT = textwrap.dedent('''
                      learning_rate=1e-3, seed=0, disable_tqdm=True)
     dataset, report = load_llava_json(data, images, return_report=True, image_checker=shared_image_checker(args))
     model = LlavaNormAlignedForConditionalGeneration.from_pretrained(model_dir)
-    result = train_stage(model, AutoProcessor.from_pretrained(model_dir), dataset, stage=2, args=args,
-                         lr_vision=2e-4, data_report=report)
+    result = train_stage(model, AutoProcessor.from_pretrained(model_dir), dataset, args=args,
+                         stage=StageConfig(2, lr_vision=2e-4), data_report=report)
     rank = dist.get_rank()
     torch.save({n: p.detach() for n, p in result.model.named_parameters()}, os.path.join(out, f"rank{rank}.pt"))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"rank": rank, "world_size": dist.get_world_size(), "backend": dist.get_backend(),
                    "pid": os.getpid(), "parallel_mode": str(args.parallel_mode),
-                   "find_unused": args.ddp_find_unused_parameters, "images_checked_here": report.images_checked_here,
+                   "find_unused": result.trainer.args.ddp_find_unused_parameters,  # set on train_stage's copy
+                   "images_checked_here": report.images_checked_here,
                    "prepare": result.summary["data"]["prepare"]}, handle)
 ''')
 

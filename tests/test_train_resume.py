@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from llava_normaligned.trainer.data import load_llava_json
-from llava_normaligned.trainer.train import train_stage
+from llava_normaligned.trainer.train import StageConfig, train_stage
 from test_train_support import cpu_config, write_llava_dataset
 from transformers import TrainerCallback
 
@@ -31,7 +31,8 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_processor,
         model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)
         args = cpu_config(output_dir, max_steps=6, per_device_train_batch_size=2, lr_scheduler_type="cosine",
                           warmup_steps=2, **overrides)
-        return train_stage(model, tiny_processor, dataset, stage=2, args=args, lr_vision=2e-4, callbacks=callbacks)
+        return train_stage(model, tiny_processor, dataset, args=args, stage=StageConfig(2, lr_vision=2e-4),
+                           callbacks=callbacks)
 
     straight = run(tmp_path / "straight")
     run(tmp_path / "resumed", callbacks=[StopAfter(3)], save_strategy="steps", save_steps=3)

@@ -17,7 +17,7 @@ from llava_normaligned.trainer.collator import LlavaTrainingCollator
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.preprocess import prepare_dataset
 from llava_normaligned.trainer.stages import freeze_stage1, unused_vision_parameters
-from llava_normaligned.trainer.train import SUMMARY_FILE, train_stage
+from llava_normaligned.trainer.train import SUMMARY_FILE, StageConfig, train_stage
 from llava_normaligned.compose import stock_llava_like
 from test_train_support import changed, cpu_config, snapshot, write_llava_dataset
 
@@ -99,8 +99,8 @@ def test_stage1_builds_no_graph_through_the_frozen_vision_tower(tiny_model, tiny
 def test_stage2_trains_every_part_at_its_own_learning_rate(tiny_model, tiny_processor, dataset, tmp_path):
     before = snapshot(tiny_model)
     args = cpu_config(tmp_path / "stage2", learning_rate=1e-3)
-    result = train_stage(tiny_model, tiny_processor, dataset, stage=2, args=args,
-                         lr_llm=1e-3, lr_vision=2e-4, lr_projector=5e-4)
+    result = train_stage(tiny_model, tiny_processor, dataset, args=args,
+                         stage=StageConfig(2, lr_llm=1e-3, lr_vision=2e-4, lr_projector=5e-4))
     never_used = set(unused_vision_parameters(tiny_model))
     assert never_used  # the last vision layer (feature layer -2), the post layernorm and SigLIP's head
     assert changed(before, result.model) == set(before) - never_used
@@ -195,7 +195,8 @@ def test_gradient_checkpointing_trains_the_same_weights(tiny_model_dir, tiny_pro
         hook = model.model.language_model.layers[0].input_layernorm.register_forward_hook(
             lambda *_, calls=calls: calls.append(1))
         args = cpu_config(tmp_path / f"gc-{checkpointing}", gradient_checkpointing=checkpointing, max_steps=2)
-        result = train_stage(model, tiny_processor, dataset, stage=stage, args=args, lr_vision=2e-4, save=False)
+        result = train_stage(model, tiny_processor, dataset, args=args,
+                             stage=StageConfig(stage, lr_vision=2e-4, save_final=False))
         hook.remove()
         assert result.summary["training"]["gradient_checkpointing"] is checkpointing
         assert len(calls) == 2 * (2 if checkpointing else 1)
@@ -214,8 +215,8 @@ def test_per_part_rates_and_pre_clip_gradient_norms_are_logged(tiny_model, tiny_
     """A zero LLM rate trains nothing there and logs 0; each part's gradient norm is logged before clipping."""
     before = snapshot(tiny_model)
     args = cpu_config(tmp_path / "rates", max_steps=2, max_grad_norm=1e-3, lr_scheduler_type="constant")
-    result = train_stage(tiny_model, tiny_processor, dataset, stage=2, args=args, lr_llm=0.0, lr_vision=2e-4,
-                         lr_projector=5e-4, save=False)
+    result = train_stage(tiny_model, tiny_processor, dataset, args=args, stage=StageConfig(
+        2, lr_llm=0.0, lr_vision=2e-4, lr_projector=5e-4, save_final=False))
     moved = changed(before, result.model)
     assert not {n for n in moved if "language_model" in n or n.startswith("lm_head")}
     assert any("vision_tower" in n for n in moved) and PROJECTOR_PARAMS <= moved
@@ -231,6 +232,55 @@ def test_per_part_rates_and_pre_clip_gradient_norms_are_logged(tiny_model, tiny_
         assert entry["grad_norm"] > 100 * args.max_grad_norm
 
 
+def test_the_stage_trainer_overrides_no_private_trainer_method():
+    """What LlavaStageTrainer changes goes through the Trainer's public hooks (training_step, compute_loss, log,
+    create_optimizer), so a transformers or TRL release that renames a private method cannot silently bypass it."""
+    from trl import SFTTrainer
+
+    from llava_normaligned.trainer.train import LlavaStageTrainer
+
+    overridden = {name for name, value in vars(LlavaStageTrainer).items()
+                  if callable(value) and name.startswith("_") and not name.startswith("__") and hasattr(SFTTrainer, name)}
+    assert not overridden, f"private Trainer methods overridden: {sorted(overridden)}"
+    assert {"training_step", "compute_loss", "log", "create_optimizer"} <= set(vars(LlavaStageTrainer))
+
+
+def test_part_gradient_norms_are_read_after_the_last_accumulated_micro_batch(tiny_model, tiny_processor, dataset,
+                                                                             tmp_path):
+    """With gradient accumulation the parts are read once the step's gradients are whole (their total is the
+    Trainer's pre-clip grad_norm), and without clipping (max_grad_norm 0) they are logged too."""
+    for accumulation, max_grad_norm in ((2, 1e-3), (1, 0.0)):
+        args = cpu_config(tmp_path / f"acc{accumulation}", max_steps=2, per_device_train_batch_size=2,
+                          gradient_accumulation_steps=accumulation, max_grad_norm=max_grad_norm)
+        result = train_stage(tiny_model, tiny_processor, dataset, args=args,
+                             stage=StageConfig(2, lr_vision=2e-4, save_final=False))
+        logged = [e for e in result.trainer.state.log_history if "loss" in e]
+        assert len(logged) == 2
+        for entry in logged:
+            parts = {k.split("/", 1)[1]: v for k, v in entry.items() if k.startswith("grad_norm/")}
+            assert set(parts) == {"llm", "vision_tower", "projector", "projector_norm"}
+            assert sum(v * v for v in parts.values()) ** 0.5 == pytest.approx(entry["grad_norm"], rel=1e-4)
+            assert entry["learning_rate/vision_tower"] == pytest.approx(0.2 * entry["learning_rate/llm"])
+
+
+def test_the_callers_sftconfig_is_not_changed(tiny_model, tiny_processor, dataset, tmp_path):
+    """The fields the pipeline owns (remove_unused_columns, assistant_only_loss, ...), the chat template path it
+    consumes and DDP's unused-parameter search are set on a copy: the same SFTConfig can start another stage."""
+    from test_train_templates import LLAMA_3_2
+
+    template_file = tmp_path / "llama3.2.jinja"
+    template_file.write_text(LLAMA_3_2)
+    args = cpu_config(tmp_path / "own", max_steps=1, remove_unused_columns=True, assistant_only_loss=True,
+                      chat_template_path=str(template_file))
+    before = args.to_dict()
+    result = train_stage(tiny_model, tiny_processor, dataset, args=args, stage=StageConfig(2, save_final=False))
+    assert args.to_dict() == before
+    used = result.trainer.args
+    assert used is not args
+    assert (used.remove_unused_columns, used.assistant_only_loss, used.chat_template_path) == (False, False, None)
+    assert used.ddp_find_unused_parameters is True  # the dataset has a text-only row
+
+
 def test_rows_skipped_counts_training_batches_only(tiny_model, tiny_processor, tmp_path):
     """A row whose image fails to decode (skip policy) is counted each time training meets it, never in eval."""
     path, images = write_llava_dataset(tmp_path / "data", n_rows=3, text_only=0, multi_turn_every=0)
@@ -244,8 +294,8 @@ def test_rows_skipped_counts_training_batches_only(tiny_model, tiny_processor, t
     data = load_llava_json(path, images, check_images="exists")
     args = cpu_config(tmp_path / "skips", max_steps=2, per_device_train_batch_size=4, per_device_eval_batch_size=4,
                       eval_strategy="steps", eval_steps=1)
-    result = train_stage(tiny_model, tiny_processor, data, stage=2, args=args, eval_dataset=data,
-                         on_bad_image="skip", save=False)
+    result = train_stage(tiny_model, tiny_processor, data, args=args, eval_dataset=data,
+                         stage=StageConfig(2, on_bad_image="skip", save_final=False))
     assert sum(1 for e in result.trainer.state.log_history if "eval_loss" in e) == 2  # the row was evaluated twice
     assert result.summary["data"]["rows_skipped_in_training"] == 2  # one epoch per step: met twice in training
 
@@ -266,7 +316,8 @@ def test_chat_template_path_is_used_for_training_and_saved(tiny_model, tiny_proc
     tiny_processor.chat_template = None
     args = cpu_config(tmp_path / "templated", max_steps=1, chat_template_path=str(template_file))
     result = train_stage(tiny_model, tiny_processor, dataset, stage=1, args=args)
-    assert args.chat_template_path is None  # applied here; TRL does not apply it again after rendering
+    assert result.trainer.args.chat_template_path is None  # applied here; TRL does not apply it again after rendering
+    assert args.chat_template_path == str(template_file)  # on a copy: the caller's SFTConfig is not changed
     rendered = result.trainer.train_dataset["rendered"]
     assert all("<|start_header_id|>assistant<|end_header_id|>" in text for text in rendered)
     saved = AutoProcessor.from_pretrained(result.output_dir)

@@ -25,11 +25,52 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class StageArguments:
-    """What to train, on which data, with which learning rates (the rest is SFTConfig / ModelConfig)."""
+class StageConfig:
+    """How one stage trains, beside TRL's ``SFTConfig``: ``train_stage(..., args=SFTConfig(...),
+    stage=StageConfig(...))``, as TRL's trainers take ``args=SFTConfig``. The command line's ``StageArguments`` is one,
+    so ``train`` passes what it parsed as is.
+
+    Learning rates (paper Appendix E.1: stage 2 LLM 1e-5, vision 2e-6): ``None`` takes ``args.learning_rate``; the
+    projector follows the LLM's. Stage 1 uses only ``lr_projector``.
+    """
 
     stage: int = field(metadata={"help": "1: feature alignment (projector + norm); 2: instruction tuning (all)",
                                  "choices": [1, 2]})
+    lr_projector: float | None = field(default=None, metadata={
+        "help": "projector + norm learning rate (default: the LLM's)"})
+    lr_llm: float | None = field(default=None, metadata={"help": "LLM learning rate (default: --learning_rate)"})
+    lr_vision: float | None = field(default=None, metadata={
+        "help": "vision tower learning rate, stage 2 (default: --learning_rate)"})
+    train_vision: bool | None = field(default=None, metadata={
+        "help": "stage 2: train the vision tower (default: yes, as the paper; under --use_peft: through adapters when "
+                "--lora-vision puts them there). False freezes it"})
+    on_too_long: str = field(default="drop", metadata={
+        "help": "a row longer than max_length (images included): 'drop' (counted) or 'error'; never truncated",
+        "choices": ["drop", "error"]})
+    on_bad_image: str = field(default="error", metadata={
+        "help": "a missing/unreadable image: 'error' (names the row) or 'skip' (drop it, counted)",
+        "choices": ["error", "skip"]})
+    skip_unused_vision: bool = field(default=True, metadata={
+        "help": "while training, skip the vision layers after the feature layer and SigLIP's pooling head, whose "
+                "outputs LLaVA never reads (same losses and gradients, less compute)"})
+    save_final: bool = field(default=True, metadata={
+        "help": "write the final model, processor, training_summary.json and norm_tracking.json to --output-dir"})
+
+    def __post_init__(self):
+        if self.stage not in (1, 2):
+            raise ValueError(f"--stage must be 1 or 2, got {self.stage!r}")
+        for name, allowed in (("on_too_long", ("drop", "error")), ("on_bad_image", ("error", "skip"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.stage == 1 and self.train_vision:
+            raise ValueError("--train-vision: stage 1 keeps the vision tower frozen (paper §5.2); it is a stage-2 flag")
+
+
+@dataclass
+class StageArguments(StageConfig):
+    """The command line's ``StageConfig``, plus what to train and on which data (the rest is SFTConfig /
+    ModelConfig)."""
+
     model: str | None = field(default=None, metadata={
         "help": "Hub id or folder of a LLaVA checkpoint (norm-aligned or stock), e.g. the output of "
                 "`llava-normaligned compose` or of stage 1"})
@@ -44,26 +85,11 @@ class StageArguments:
         "help": "instead of --data-path: a saved dataset folder, parquet/JSON files or a Hub dataset in TRL's "
                 "messages + images format"})
     dataset_split: str = field(default="train", metadata={"help": "split of --dataset-name"})
-    on_bad_image: str = field(default="error", metadata={
-        "help": "a missing/unreadable image: 'error' (names the row) or 'skip' (drop it, counted)",
-        "choices": ["error", "skip"]})
     on_bad_row: str = field(default="error", metadata={
         "help": "a malformed row: 'error' or 'skip'", "choices": ["error", "skip"]})
     check_images: str = field(default="open", metadata={
         "help": "check images up front: 'open' (read headers), 'exists', or 'none'",
         "choices": ["open", "exists", "none"]})
-    on_too_long: str = field(default="drop", metadata={
-        "help": "a row longer than max_length (images included): 'drop' (counted) or 'error'; never truncated",
-        "choices": ["drop", "error"]})
-    # learning rates (paper Appendix E.1: stage 2 LLM 1e-5, vision 2e-6)
-    lr_projector: float | None = field(default=None, metadata={
-        "help": "projector + norm learning rate (default: the LLM's)"})
-    lr_llm: float | None = field(default=None, metadata={"help": "LLM learning rate (default: --learning_rate)"})
-    lr_vision: float | None = field(default=None, metadata={
-        "help": "vision tower learning rate, stage 2 (default: --learning_rate)"})
-    train_vision: bool | None = field(default=None, metadata={
-        "help": "stage 2: train the vision tower (default: yes, as the paper; under --use_peft: through adapters when "
-                "--lora-vision puts them there). False freezes it"})
     global_batch_size: int | None = field(default=None, metadata={
         "help": "sets gradient_accumulation_steps = global / (per-device batch x processes)"})
     # the paper's ablation (Tables 4/5): applied to the model before stage 1
@@ -80,8 +106,7 @@ class StageArguments:
         "help": "with --use_peft: also save the base model with the adapter merged in, to OUTPUT_DIR/merged"})
 
     def __post_init__(self):
-        if self.stage not in (1, 2):
-            raise ValueError(f"--stage must be 1 or 2, got {self.stage!r}")
+        super().__post_init__()
         if self.model is None and not (self.vision_model and self.text_model):
             raise ValueError("give --model (a LLaVA checkpoint), or --vision-model and --text-model for stage 1")
         if self.model is None and self.stage == 2:
@@ -90,8 +115,6 @@ class StageArguments:
             raise ValueError("give exactly one of --data-path (LLaVA JSON) and --dataset-name (messages + images)")
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise ValueError(f"--global-batch-size must be positive, got {self.global_batch_size}")
-        if self.stage == 1 and self.train_vision:
-            raise ValueError("--train-vision: stage 1 keeps the vision tower frozen (paper §5.2); it is a stage-2 flag")
 
     def variant(self) -> dict:
         """The ablation fields given (``projector_norm`` as the model config spells it: ``None`` for 'none')."""
@@ -279,6 +302,7 @@ def parse_train_args(argv: list[str] | None = None):
 
 __all__ = [
     "StageArguments",
+    "StageConfig",
     "accumulation_steps",
     "check_peft_flags",
     "has_accelerator",

@@ -5,7 +5,8 @@
 
 Python API (what the CLI and the demo call):
 
-    result = train_stage(model, processor, dataset, stage=1, args=SFTConfig(...))
+    result = train_stage(model, processor, dataset, args=SFTConfig(...), stage=1)
+    result = train_stage(model, processor, dataset, args=SFTConfig(...), stage=StageConfig(2, lr_vision=2e-6))
     result.model, result.metrics, result.norm_tracking, result.output_dir
 
 ``train_stage`` is ``run_stage(prepare_stage(...))``. ``prepare_stage`` does everything that can fail on the
@@ -19,6 +20,7 @@ that LLaVA never reads skipped, ``unused_compute.py``) and saves the final model
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from .arguments import make_parser, parse_train_args
+from .arguments import StageConfig, make_parser, parse_train_args
 from .callbacks import NormTrackingCallback, gain_statistics, norm_records, part_gradient_norms, will_log
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .loading import describe_variant
@@ -74,7 +76,9 @@ class LlavaStageTrainer(SFTTrainer):
     The optimizer is the one ``args.optim`` names (AdamW by default), built on ``stages.parameter_groups``; the
     scheduler scales every group alike, so the parts keep their ratio (paper Appendix E.1: LLM 1e-5, vision 2e-6).
     At each logging step the logs gain ``learning_rate/<part>`` (the rate the step used) and ``grad_norm/<part>``
-    (``callbacks.part_gradient_norms``, read just before clipping; the Trainer's ``grad_norm`` is their total).
+    (``callbacks.part_gradient_norms``, read after the step's last backward, before clipping; the Trainer's
+    ``grad_norm`` is their total). Both are read in ``training_step``, a public hook: no private method of the
+    Trainer is overridden.
     """
 
     def __init__(self, *args, learning_rates: StageLearningRates | None = None, **kwargs):
@@ -108,24 +112,15 @@ class LlavaStageTrainer(SFTTrainer):
             self.skipped_rows += int(skipped)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
-    def _capture_part_grad_norms(self, model) -> None:
-        if will_log(self.args, self.state):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # After the last micro-batch's backward (the Trainer sets ``sync_gradients`` for it), the gradients are
+        # those clipping and the optimizer step are about to use, and the param groups hold this step's rates (the
+        # scheduler steps after the optimizer).
+        if self.accelerator.sync_gradients and will_log(self.args, self.state):
             self._part_grad_norms = part_gradient_norms(model)
-
-    def _clip_grad_norm(self, model):
-        self._capture_part_grad_norms(model)  # the gradients as backward left them, before clipping
-        return super()._clip_grad_norm(model)
-
-    def _get_grad_norm(self, model, grad_norm=None):
-        if grad_norm is None:  # max_grad_norm <= 0: nothing was clipped
-            self._capture_part_grad_norms(model)
-        return super()._get_grad_norm(model, grad_norm=grad_norm)
-
-    def _get_learning_rate(self):
-        # Called before the scheduler steps: these are the rates this optimizer step used, one per group.
-        if self.optimizer is not None:
             self._group_rates = [group["lr"] for group in self.optimizer.param_groups]
-        return super()._get_learning_rate()
+        return loss
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
         if "learning_rate" in logs and self._group_rates:
@@ -133,6 +128,7 @@ class LlavaStageTrainer(SFTTrainer):
                 part = str(group.get("name", "")).split("/")[0]
                 if part:
                     logs.setdefault(f"learning_rate/{part}", rate)
+            self._group_rates = []
         if "loss" in logs and self._part_grad_norms:
             logs.update({f"grad_norm/{part}": value for part, value in self._part_grad_norms.items()})
             self._part_grad_norms = {}
@@ -140,9 +136,11 @@ class LlavaStageTrainer(SFTTrainer):
 
 
 def _check_args(args: SFTConfig) -> SFTConfig:
-    """The few SFTConfig fields this pipeline owns, set with a log line when the user's value differs."""
+    """A copy of ``args`` with the few SFTConfig fields this pipeline owns set, with a log line when the user's value
+    differs. The caller's object is never changed: the same SFTConfig can start several stages."""
     if not isinstance(args, SFTConfig):
         raise TypeError(f"args must be a trl.SFTConfig, got {type(args).__name__}")
+    args = copy.copy(args)  # scalar fields only are set on it (here, _use_chat_template, _ddp_finds_unused)
     owned = {
         "remove_unused_columns": False,  # the collator needs the prepared columns (rendered text, answer spans)
         "assistant_only_loss": False,  # answer-only labels come from the collator, for any chat template
@@ -162,8 +160,9 @@ def _check_args(args: SFTConfig) -> SFTConfig:
 
 def _use_chat_template(processor, args: SFTConfig, chat_template: str | None) -> None:
     """Put the run's chat template on the processor before any row is rendered, so that the rows are rendered with
-    the template the saved processor carries. ``args.chat_template_path`` (a Jinja file) is read here and cleared:
-    TRL would otherwise apply it after the rows were rendered, and save a template training never used."""
+    the template the saved processor carries. ``args.chat_template_path`` (a Jinja file) is read here and cleared on
+    ``args`` (``_check_args``' copy): TRL would otherwise apply it after the rows were rendered, and save a template
+    training never used."""
     path = args.chat_template_path
     if path is not None:
         if chat_template is not None:
@@ -309,14 +308,16 @@ class PreparedStage:
     """A stage ready to train (``prepare_stage``): the trainer and what the summary records."""
 
     trainer: LlavaStageTrainer
-    stage: int
+    config: StageConfig
     freeze: object
     prepare_report: object
     data_report: object = None
     peft_config: object = None
-    skip_unused_vision: bool = True
     run_info: dict | None = None
-    save: bool = True
+
+    @property
+    def stage(self) -> int:
+        return self.config.stage
 
 
 def _shared_cache_dir(args: SFTConfig) -> str | None:
@@ -340,40 +341,34 @@ def prepare_stage(
     processor,
     train_dataset,
     *,
-    stage: int,
     args: SFTConfig,
-    lr_projector: float | None = None,
-    lr_llm: float | None = None,
-    lr_vision: float | None = None,
-    callbacks: list | None = None,
-    peft_config=None,
+    stage: int | StageConfig,
     eval_dataset=None,
-    train_vision: bool | None = None,
-    on_too_long: str = "drop",
-    on_bad_image: str = "error",
+    peft_config=None,
+    callbacks: list | None = None,
     chat_template: str | None = None,
-    skip_unused_vision: bool = True,
     data_report=None,
     run_info: dict | None = None,
-    save: bool = True,
 ) -> PreparedStage:
     """Everything before training that can fail on the inputs; the arguments are ``train_stage``'s."""
-    if stage not in (1, 2):
-        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+    config = stage if isinstance(stage, StageConfig) else StageConfig(stage=stage)
+    stage = config.stage
     if peft_config is not None and stage == 1:
         raise ValueError("stage 1 trains the projector fully: LoRA/QLoRA (peft_config) is for stage 2")
     args = _check_args(args)
     _use_chat_template(processor, args, chat_template)
-    learning_rates = StageLearningRates(projector=lr_projector, llm=lr_llm, vision_tower=lr_vision)
+    learning_rates = StageLearningRates(projector=config.lr_projector, llm=config.lr_llm,
+                                        vision_tower=config.lr_vision)
 
     if peft_config is None:
-        freeze = freeze_for_stage(model, stage, train_vision=train_vision)
-    prepared, prepare_report = _prepare_rows(train_dataset, processor, args, stage=stage, on_too_long=on_too_long)
+        freeze = freeze_for_stage(model, stage, train_vision=config.train_vision)
+    prepared, prepare_report = _prepare_rows(train_dataset, processor, args, stage=stage,
+                                             on_too_long=config.on_too_long)
     if eval_dataset is not None:
-        eval_dataset, _ = _prepare_rows(eval_dataset, processor, args, stage=2, on_too_long=on_too_long)
+        eval_dataset, _ = _prepare_rows(eval_dataset, processor, args, stage=2, on_too_long=config.on_too_long)
     _ddp_finds_unused(args, stage, prepare_report)
     collator = LlavaTrainingCollator(
-        processor, max_length=args.max_length, on_bad_image=on_bad_image,
+        processor, max_length=args.max_length, on_bad_image=config.on_bad_image,
         pad_to_multiple_of=args.pad_to_multiple_of, report_skips=True,
     )
     trainer = LlavaStageTrainer(
@@ -388,18 +383,17 @@ def prepare_stage(
         learning_rates=learning_rates,
     )
     if peft_config is not None:
-        freeze = freeze_for_stage(trainer.model, stage, train_vision=train_vision)  # within PEFT's choice
+        freeze = freeze_for_stage(trainer.model, stage, train_vision=config.train_vision)  # within PEFT's choice
         _projector_in_vision_dtype(trainer.model)
     NormTrackingCallback.install(trainer)
-    return PreparedStage(trainer=trainer, stage=stage, freeze=freeze, prepare_report=prepare_report,
-                         data_report=data_report, peft_config=peft_config, skip_unused_vision=skip_unused_vision,
-                         run_info=run_info, save=save)
+    return PreparedStage(trainer=trainer, config=config, freeze=freeze, prepare_report=prepare_report,
+                         data_report=data_report, peft_config=peft_config, run_info=run_info)
 
 
 def run_stage(prepared: PreparedStage) -> TrainStageResult:
     """Train a prepared stage and save the model, processor, ``training_summary.json`` and ``norm_tracking.json``."""
     trainer, args = prepared.trainer, prepared.trainer.args
-    with skip_unused_vision_compute(trainer.model, enabled=prepared.skip_unused_vision):
+    with skip_unused_vision_compute(trainer.model, enabled=prepared.config.skip_unused_vision):
         train_output = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     metrics = dict(train_output.metrics)
     # rows whose image failed to decode (skip policy), counted on every rank
@@ -409,7 +403,7 @@ def run_stage(prepared: PreparedStage) -> TrainStageResult:
     summary = _summary(trainer, stage=prepared.stage, freeze=prepared.freeze, prepare_report=prepared.prepare_report,
                        data_report=prepared.data_report, metrics=metrics, records=records, run_info=prepared.run_info,
                        peft_config=prepared.peft_config)
-    if prepared.save:
+    if prepared.config.save_final:
         trainer.save_model(args.output_dir)  # model (or adapter) + processor; main process only
         if trainer.is_world_process_zero():
             _write_json(summary, args.output_dir, SUMMARY_FILE)
@@ -418,41 +412,40 @@ def run_stage(prepared: PreparedStage) -> TrainStageResult:
                             output_dir=args.output_dir, summary=summary, trainer=trainer)
 
 
-def train_stage(model, processor, train_dataset, *, stage: int, args: SFTConfig, **options) -> TrainStageResult:
+def train_stage(model, processor, train_dataset, *, args: SFTConfig, stage: int | StageConfig, eval_dataset=None,
+                peft_config=None, callbacks: list | None = None, chat_template: str | None = None, data_report=None,
+                run_info: dict | None = None) -> TrainStageResult:
     """Train one LLaVA-1.5 stage with TRL's ``SFTTrainer`` and save the result: ``run_stage(prepare_stage(...))``.
+
+    The settings are two dataclasses, as TRL's trainers take ``args=SFTConfig``: ``args`` for the Trainer and
+    ``stage`` (``arguments.StageConfig``: stage number, per-part learning rates, vision training, row and image
+    policies, compute skipping, saving) for this pipeline. The other keywords are objects, as the Trainer takes them.
 
     Args:
         model: a ``LlavaNormAlignedForConditionalGeneration`` or a stock ``LlavaForConditionalGeneration``.
         processor: its processor (a ``LlavaProcessor`` with a chat template).
         train_dataset: rows ``{"id", "messages", "images"}`` (``data.load_llava_json`` / ``load_messages_dataset``).
-        stage: 1 (projector + norm train; vision tower and LLM frozen) or 2 (all train).
         args: a ``trl.SFTConfig``. ``output_dir``, batch sizes, schedule, precision, ``max_length`` (rows longer are
             dropped or refused, never truncated), ``resume_from_checkpoint`` and ``chat_template_path`` (a Jinja
-            file, applied before the rows are rendered and saved with the processor) are read from it.
-        **options (keyword only):
-            lr_projector, lr_llm, lr_vision: per-part learning rates; ``None``: ``args.learning_rate`` (the
-                projector follows the LLM's). Stage 1 uses only ``lr_projector``.
-            callbacks: more ``TrainerCallback``s. The norm-tracking callback is always added.
-            eval_dataset: rows like ``train_dataset``, evaluated per ``args.eval_strategy`` (answer-only loss).
-            peft_config: a ``peft.LoraConfig`` (stage 2 only; ``lora.stage2_lora_config`` keeps the projector trained
-                fully via ``modules_to_save``).
-            train_vision: stage 2: ``None`` (default) trains the vision tower (the paper does), under PEFT as the
-                LoRA config says; ``False`` freezes it; ``True`` under PEFT needs adapters on it
-                (``stages.freeze_stage2``).
-            on_too_long: ``"drop"`` or ``"error"`` for rows longer than ``args.max_length``.
-            on_bad_image: ``"error"`` or ``"skip"`` for an image that fails to decode during training.
-            chat_template: a template to train with instead of the processor's; it is set on the processor (so the
-                saved processor carries it), wrapped to render image parts if it is a text-only template.
-            skip_unused_vision: while training, skip the vision layers after the feature layer and SigLIP's pooling
-                head, whose outputs LLaVA never reads (``unused_compute.py``; same losses and gradients, less compute).
-            data_report: the loader's ``DataReport`` (recorded in the summary).
-            run_info: anything to record in the summary (recipe files, command line).
-            save: write the model, processor and JSON files to ``args.output_dir``.
+            file, applied before the rows are rendered and saved with the processor) are read from it. It is not
+            changed: the fields this pipeline owns are set on a copy.
+        stage: a ``StageConfig``, or just the stage number (1: projector + norm train, vision tower and LLM frozen;
+            2: all train) for ``StageConfig``'s defaults.
+        eval_dataset: rows like ``train_dataset``, evaluated per ``args.eval_strategy`` (answer-only loss).
+        peft_config: a ``peft.LoraConfig`` (stage 2 only; ``lora.stage2_lora_config`` keeps the projector trained
+            fully via ``modules_to_save``).
+        callbacks: more ``TrainerCallback``s. The norm-tracking callback is always added.
+        chat_template: a template to train with instead of the processor's; it is set on the processor (so the
+            saved processor carries it), wrapped to render image parts if it is a text-only template.
+        data_report: the loader's ``DataReport`` (recorded in the summary).
+        run_info: anything to record in the summary (recipe files, command line).
 
     Returns:
         ``TrainStageResult``.
     """
-    return run_stage(prepare_stage(model, processor, train_dataset, stage=stage, args=args, **options))
+    return run_stage(prepare_stage(model, processor, train_dataset, args=args, stage=stage, eval_dataset=eval_dataset,
+                                   peft_config=peft_config, callbacks=callbacks, chat_template=chat_template,
+                                   data_report=data_report, run_info=run_info))
 
 
 # ------------------------------------------------------------------------------------------------------- CLI
@@ -537,11 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision) if model_args.use_peft \
             else None
         prepared = prepare_stage(
-            model, processor, dataset,
-            stage=stage_args.stage, args=sft_args,
-            lr_projector=stage_args.lr_projector, lr_llm=stage_args.lr_llm, lr_vision=stage_args.lr_vision,
-            peft_config=peft_config, train_vision=stage_args.train_vision,
-            on_too_long=stage_args.on_too_long, on_bad_image=stage_args.on_bad_image,
+            model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
             data_report=data_report,
             run_info={"config_files": config_files, "argv": list(sys.argv[1:] if argv is None else argv),
                       "model": stage_args.model or f"{stage_args.vision_model} + {stage_args.text_model}"},
@@ -571,6 +560,7 @@ __all__ = [
     "SUMMARY_FILE",
     "LlavaStageTrainer",
     "PreparedStage",
+    "StageConfig",
     "TrainStageResult",
     "main",
     "make_parser",

@@ -71,13 +71,14 @@ def models(document: dict) -> list[tuple[str, dict]]:
 # ----------------------------------------------------------------------------------------------------- writing
 
 
-def _json_safe(value):
+def json_safe(value):
+    """``value`` as written to the JSON: NaN and infinities become ``None``."""
     if isinstance(value, float):
         return None if math.isnan(value) or math.isinf(value) else value
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -324,17 +325,13 @@ def render_summary(document: dict, figures: list[str] = ()) -> str:
 # ------------------------------------------------------------------------------------------------------- all
 
 
-def write_outputs(document: dict, output_dir: str, plots: bool = True) -> list[str]:
-    """Write the JSON, the CSV tables, the Markdown summary and (when ``plots``) the figures; returns the paths."""
-    document = _json_safe(document)
+def write_outputs(document: dict, output_dir: str, figures: list[str] = ()) -> list[str]:
+    """Write the JSON, the CSV tables and the Markdown summary; ``figures`` (paths already written in
+    ``output_dir``, ``plots.write_figures``) are linked from the summary. Returns the paths, figures last."""
+    document = json_safe(document)
     written = [atomic_write(os.path.join(output_dir, JSON_NAME), json.dumps(document, indent=2, ensure_ascii=False))]
     for name, table in TABLES.items():
         written.append(atomic_write(os.path.join(output_dir, name), _csv_text(*table(document))))
-    figures = []
-    if plots:
-        from .plots import write_figures
-
-        figures = write_figures(document, output_dir)
     names = [os.path.basename(path) for path in figures]
     written.append(atomic_write(os.path.join(output_dir, SUMMARY_NAME), render_summary(document, names)))
-    return written + figures
+    return written + list(figures)

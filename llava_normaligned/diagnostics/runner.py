@@ -305,7 +305,7 @@ def diagnose(config: DiagnoseConfig) -> tuple[dict, list[str]]:
     """
     from .default_inputs import default_images_dir, default_prompts_file
     from .inputs import list_images, load_prompts, pair_samples
-    from .report import build_document, write_outputs
+    from .report import build_document, json_safe, write_outputs
 
     if config.plots:
         try:
@@ -322,4 +322,9 @@ def diagnose(config: DiagnoseConfig) -> tuple[dict, list[str]]:
     if config.baseline:
         baseline = diagnose_model(config, config.baseline, config.baseline_revision, samples, "baseline")
     document = build_document(config.to_dict(), main, baseline)
-    return document, write_outputs(document, config.output_dir, plots=config.plots)
+    figures = []
+    if config.plots:
+        from .plots import write_figures
+
+        figures = write_figures(json_safe(document), config.output_dir)  # the numbers as the JSON holds them
+    return document, write_outputs(document, config.output_dir, figures)

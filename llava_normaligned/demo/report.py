@@ -1,6 +1,6 @@
 """The CPU demo's outputs: ``results.json``, ``results.md`` (the paper's Tables 4 and 5 layout) and the figures.
 
-Everything here reads the ``results`` dict that ``demo.py`` assembles; nothing is computed twice. Rows of
+Everything here reads the ``results`` dict that ``run.py`` assembles; nothing is computed twice. Rows of
 ``results["rows"]`` (one per variant, then the stock row):
 
     {"name", "key", "recipe", "accuracy": {"real": {template: acc, "avg": acc}, "blank": {...}}, "visual_gain",
@@ -270,19 +270,21 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
             ax.legend(fontsize=7)
     save(fig, "norm_gain")
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
     width = 0.38
     for i, row in enumerate(rows):
-        ax.bar(i - width / 2, row["accuracy"]["real"]["avg"], width, color="tab:blue",
-               label="real images" if i == 0 else None)
-        ax.bar(i + width / 2, row["accuracy"]["blank"]["avg"], width, color="tab:gray",
-               label="blank images" if i == 0 else None)
+        for offset, condition, bar_colour, label in ((-width / 2, "real", "tab:blue", "real images"),
+                                                     (width / 2, "blank", "tab:gray", "blank images")):
+            bars = ax.bar(i + offset, row["accuracy"][condition]["avg"], width, color=bar_colour,
+                          label=label if i == 0 else None)
+            ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)  # as results.md prints them
     chance = sum(results["dataset"]["chance_accuracy"].values()) / len(results["dataset"]["chance_accuracy"])
-    ax.axhline(chance, color="black", linestyle=":", label="chance")
+    ax.axhline(chance, color="black", linestyle=":", label=f"chance ({chance:.2f})")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([row["name"].replace(", ", ",\n").replace(" (", "\n(") for row in rows], fontsize=7)
     ax.set_ylabel("test accuracy (mean over templates)")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.08)  # room for a value label on a bar at 1.0
+    # above the axes, where no bar is: inside, it covered the last (stock) bars
+    ax.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     save(fig, "accuracy")
     return paths

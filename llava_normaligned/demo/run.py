@@ -1,17 +1,17 @@
 """The CPU demo: the paper's comparison (Li et al., arXiv 2512.08374, Tables 4 and 5) at CPU scale, one command.
 
-    llava-normaligned demo --output-dir ./demo            # about 10 minutes on 2 CPU cores
-    llava-normaligned demo --output-dir ./demo-ci --quick # about a minute, for CI
+    llava-normaligned demo --output-dir ./demo            # about 4 minutes on 2 CPU cores (measured 207-238 s)
+    llava-normaligned demo --output-dir ./demo-ci --quick # about 25 s on 2 CPU cores (measured 24 s), for CI
 
 Nothing is downloaded. In order:
 
 1. ``data/``: the synthetic visual-question dataset (``synthetic.py``): captions for stage 1, questions for stage 2,
    a held-out test split; answers balanced within every question, so the text alone scores chance.
-2. ``parts/``: a tiny vision encoder and a tiny LLM, each pre-trained for seconds (``demo_parts.py``), so that a
+2. ``parts/``: a tiny vision encoder and a tiny LLM, each pre-trained for seconds (``parts.py``), so that a
    LLaVA built from them can learn to see in the minutes the demo has.
 3. ``runs/<variant>/``: for each of the paper's four variants (w/o Norm; norm with default init; norm with target
    init, without and with GWC), both LLaVA-1.5 stages with this package's ``train_stage`` (TRL's SFTTrainer), then
-   the test split scored with the real images and with blank ones (``demo_scoring.py``).
+   the test split scored with the real images and with blank ones (``scoring.py``).
    ``runs/stock/``: transformers' own ``LlavaForConditionalGeneration`` trained by TRL's own ``SFTTrainer`` in one
    stage with the same number of steps, the baseline a user of stock LLaVA would get.
 4. ``results.md`` / ``results.json`` (Tables 4 and 5 layout, real and blank accuracy, vision/text norm ratios at the
@@ -41,8 +41,8 @@ import torch
 from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec
 
 from . import synthetic
-from .demo_parts import VARIANTS, Parts, PartsConfig, Variant, build_parts, compose_variant, stock_llava
-from .demo_scoring import load_test_rows, score_model
+from .parts import VARIANTS, Parts, PartsConfig, Variant, build_parts, compose_variant, stock_llava
+from .scoring import load_test_rows, score_model
 from .text_pretrain import TextPretrainConfig
 from .vision_pretrain import VisionPretrainConfig
 
@@ -225,7 +225,7 @@ def probe_pixels(processor, rows, n: int) -> torch.Tensor:
 
 
 def norm_ratio(model, pixels) -> float:
-    from .callbacks import vision_text_norm_ratio
+    from llava_normaligned.trainer.callbacks import vision_text_norm_ratio
 
     return vision_text_norm_ratio(model, pixels)["vision_text_ratio"]
 
@@ -237,8 +237,8 @@ def _header(index: int, total: int, name: str, what: str) -> None:
 def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
                 position: tuple[int, int], progress: bool) -> dict:
     """Both stages of one variant, then its scores. Returns its row of the results (also ``result.json``)."""
-    from .callbacks import gain_statistics
-    from .train import train_stage
+    from llava_normaligned.trainer.callbacks import gain_statistics
+    from llava_normaligned.trainer.train import StageConfig, train_stage
 
     folder = paths.run(variant.key)
     start = time.perf_counter()
@@ -259,8 +259,8 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
         stage_dir = os.path.join(folder, f"stage{stage}")
         tic = time.perf_counter()
         with trainer_console_to(os.path.join(folder, f"stage{stage}_trainer_log.txt")):
-            result = train_stage(model, processor, dataset, stage=stage,
-                                 args=sft_args(stage_dir, steps, lr, config, disable_tqdm=not progress), **rates)
+            result = train_stage(model, processor, dataset, stage=StageConfig(stage, **rates),
+                                 args=sft_args(stage_dir, steps, lr, config, disable_tqdm=not progress))
         seconds[f"stage{stage}"] = time.perf_counter() - tic
         model = result.model
         tracking[f"stage{stage}"] = result.norm_tracking
@@ -303,7 +303,7 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
     own ``assistant_only_loss`` (the chat template marks the answers with ``{% generation %}``)."""
     from trl import SFTTrainer
 
-    from .callbacks import NormTrackingCallback, norm_records
+    from llava_normaligned.trainer.callbacks import NormTrackingCallback, norm_records
 
     folder = paths.run(STOCK_KEY)
     steps = config.stage1_steps + config.stage2_steps
@@ -379,7 +379,7 @@ def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
     (README.md) rendered from the folder; staged in a temporary folder and moved into place."""
     from llava_normaligned.hub_cards.card import CardOptions, render_card
 
-    from .demo_report import FIGURES_DIR, render_markdown
+    from .report import FIGURES_DIR, render_markdown
 
     source = os.path.join(paths.root, best["checkpoint"])
     staging = tempfile.mkdtemp(prefix=".best-", dir=paths.root)
@@ -469,8 +469,8 @@ def torch_threads(threads: int):
 
 def run_demo(output_dir: str, config: DemoConfig, progress: bool = True) -> dict:
     """Run the whole demo into ``output_dir``; returns the results (also written as ``results.json``)."""
-    from .data import load_llava_json
-    from .demo_report import write_figures, write_tables
+    from llava_normaligned.trainer.data import load_llava_json
+    from .report import write_figures, write_tables
 
     _require_matplotlib()  # the figures come last: fail now, not after the training
     load_start = os.getloadavg()[0]
@@ -530,13 +530,17 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True) -> dict
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from llava_normaligned.timings import stated
+
     parser = argparse.ArgumentParser(
         prog="llava-normaligned demo",
         description="The paper's comparison (Tables 4 and 5) at CPU scale on synthetic images: data, tiny models, both "
-                    "stages for each variant plus stock LLaVA, results table, figures and the best checkpoint.",
+                    "stages for each variant plus stock LLaVA, results table, figures and the best checkpoint "
+                    f"({stated('demo')}).",
     )
     parser.add_argument("--output-dir", required=True, help="folder for everything the demo writes")
-    parser.add_argument("--quick", action="store_true", help="a CI-sized run (about a minute; numbers meaningless)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a CI-sized run ({stated('demo_quick')}; numbers meaningless)")
     parser.add_argument("--seed", type=int, default=None, help="training seed (default 42)")
     parser.add_argument("--stage1-steps", type=int, default=None)
     parser.add_argument("--stage2-steps", type=int, default=None)
