@@ -5,7 +5,8 @@
 (:func:`render_markdown`, :func:`table_markdown`, for model cards).
 """
 
-from .cli import EvalConfig, evaluate, main, make_eval_parser
+from .cli import main, make_eval_parser
+from .runner import EvalConfig, evaluate
 from .report import render_markdown, table_markdown
 
 __all__ = ["EvalConfig", "evaluate", "main", "make_eval_parser", "render_markdown", "table_markdown"]
