@@ -61,6 +61,9 @@ def make_eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-errors", action="store_true",
                         help="exit 0 when samples raised errors but every task stayed under --max-error-rate "
                         "(their scores are marked in the table)")
+    parser.add_argument("--engine", choices=["own", "lmms-eval"], default="own",
+                        help="own: this package's harness (default); lmms-eval: lmms-eval with this package's model "
+                        "plugin, writing the same results.md (needs the [eval] extra)")
     parser.add_argument("--list-tasks", action="store_true", help="print the tasks, their datasets and schemas")
     return parser
 
@@ -138,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         baseline = load_baseline(cfg.baseline) if cfg.baseline else None
-        results = evaluate(cfg, baseline)
+        if args.engine == "lmms-eval":
+            from .lmms_engine import evaluate_with_lmms
+
+            results = evaluate_with_lmms(cfg, baseline)
+        else:
+            results = evaluate(cfg, baseline)
     except (EvalSetupError, EvalDataError, UnknownTaskError, BaselineError) as exc:
         print(f"llava-normaligned eval: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,152 @@
+"""lmms-eval on this package's model, offline: the plugin, `eval --engine lmms-eval`, and agreement of the two harnesses.
+
+lmms-eval cannot live in the test environment itself: its hard requirement on torchvision pulls a build that does
+not import with the CPU torch. It is installed once into a separate virtual environment that sees this one's
+packages (``lmms_python``), as docs/evaluation.md tells a CPU user to; every lmms-eval run is a real subprocess on
+data sets written into the offline ``datasets`` cache under lmms-eval's own dataset ids (eval_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import time
+
+import pytest
+
+from eval_fixtures import write_copy, write_lmms_cache
+
+pytestmark = pytest.mark.slow
+
+TASKS = ["pope", "scienceqa_img", "mmstar", "ai2d", "hellaswag"]  # four generation rules, one log-likelihood
+
+
+def _installed(python: str) -> bool:
+    probe = "import lmms_eval, llava_normaligned, torch; assert 'torchvision' not in __import__('sys').modules"
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def lmms_python(tmp_path_factory) -> str:
+    """A Python with lmms-eval importable and this environment's torch (no torchvision), made once per environment
+    the way docs/evaluation.md says (``pip install --no-deps lmms-eval`` + its run-time needs, torch pinned)."""
+    from llava_normaligned.evaluation.lmms_engine import CPU_INSTALL
+
+    try:
+        import lmms_eval  # noqa: F401
+
+        return sys.executable
+    except ImportError:
+        pass
+    home = os.path.join(sys.prefix, "lmms-eval-env")
+    if not os.access(sys.prefix, os.W_OK):
+        home = str(tmp_path_factory.mktemp("lmms-eval-env"))
+    python = os.path.join(home, "bin", "python")
+    if os.path.exists(python) and _installed(python):
+        return python
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", home], check=True)
+    own = sysconfig.get_paths()
+    site_dir = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site_dir, "parent-environment.pth"), "w") as f:  # this environment's packages, after its own
+        f.write("".join(f"import site; site.addsitedir({p!r})\n" for p in dict.fromkeys([own["purelib"], own["platlib"]])))
+    constraints = os.path.join(home, "constraints.txt")
+    with open(constraints, "w") as f:
+        f.write(CPU_INSTALL["constraints"])
+    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run(pip + ["--no-deps", CPU_INSTALL["lmms_eval"]], check=True)
+    subprocess.run(pip + ["-c", constraints, *CPU_INSTALL["needs"]], check=True)
+    print(f"\nlmms-eval environment installed in {time.monotonic() - start:.0f} s at {home}")
+    assert _installed(python), "lmms-eval environment does not import (or imported torchvision)"
+    return python
+
+
+def _offline_env(hf_home: str) -> dict:
+    return {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _samples(folder, task: str) -> dict[int, dict]:
+    (path,) = glob.glob(os.path.join(str(folder), "**", f"*_samples_{task}.jsonl"), recursive=True)
+    with open(path, encoding="utf-8") as f:
+        return {(s := json.loads(line))["doc_id"]: s for line in f}
+
+
+def _own_samples(folder, task: str) -> dict[int, dict]:
+    with open(os.path.join(str(folder), "samples.jsonl"), encoding="utf-8") as f:
+        return {r["row"]: r for r in map(json.loads, f) if r["task"] == task}
+
+
+def test_plugin_is_registered_through_the_entry_point(lmms_python, tmp_path):
+    probe = ("from lmms_eval.models import get_model; cls = get_model('llava_normaligned'); "
+             "from lmms_eval.api.model import lmms; assert issubclass(cls, lmms) and cls.is_simple; "
+             "print(cls.__module__ + '.' + cls.__name__)")
+    out = subprocess.run([lmms_python, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("llava_normaligned.evaluation.lmms_plugin.LlavaNormAligned")
+
+
+def test_engine_lmms_eval_offline_matches_own_harness(lmms_python, tiny_model_dir, tmp_path):
+    """One real lmms-eval run (through `eval --engine lmms-eval`) against the package's own harness on the same rows:
+    every answer is the same string, every log-likelihood the same number, every score the same; results.md has the
+    Table 4 row with deltas against the own harness's run."""
+    from llava_normaligned.evaluation.cli import main
+
+    data_dir, hf_home = tmp_path / "data", tmp_path / "hf"
+    for task in TASKS:
+        write_copy(task, str(data_dir))
+    write_lmms_cache(str(hf_home), TASKS)
+    own = tmp_path / "own"
+    common = ["--tasks", ",".join(TASKS), "--max-new-tokens", "6", "--batch-size", "4"]
+    assert main([tiny_model_dir, *common, "--data-dir", str(data_dir), "--output-dir", str(own)]) == 0
+    out = tmp_path / "lmms"
+    cli = [lmms_python, "-m", "llava_normaligned.cli", "eval", tiny_model_dir, "--engine", "lmms-eval", *common,
+           "--output-dir", str(out), "--baseline", str(own / "results.json"), "--label", "via-lmms"]
+    run = subprocess.run(cli, capture_output=True, text=True, cwd=tmp_path, env=_offline_env(hf_home))
+    log = (out / "lmms_eval.log").read_text() if (out / "lmms_eval.log").exists() else ""
+    assert run.returncode == 0, run.stderr[-3000:] + log[-3000:]
+
+    # lmms-eval's own output: it exits 0 even when a task raises, so its results JSON is the proof
+    (raw_path,) = glob.glob(str(out / "lmms_eval" / "**" / "*_results.json"), recursive=True)
+    raw = json.load(open(raw_path))["results"]
+    for task, key in [("pope", "pope_f1_score,none"), ("pope", "pope_accuracy,none"), ("scienceqa_img", "exact_match,none"),
+                      ("mmstar", "average,none"), ("ai2d", "exact_match,flexible-extract"), ("hellaswag", "acc_norm,none")]:
+        assert isinstance(raw[task][key], (int, float)), (task, key, raw.get(task))
+
+    ours = json.load(open(own / "results.json"))["tasks"]
+    theirs = json.load(open(out / "results.json"))
+    assert theirs["engine"] == "lmms-eval" and not theirs["failed_tasks"] and set(theirs["tasks"]) == set(TASKS)
+    # same prompts, same decoding: the same answer to every row
+    for task in ["pope", "scienceqa_img", "mmstar", "ai2d"]:
+        lmms_rows, own_rows = _samples(out, task), _own_samples(own, task)
+        assert sorted(lmms_rows) == sorted(own_rows)
+        for doc_id, sample in lmms_rows.items():
+            prediction = own_rows[doc_id]["prediction"]
+            assert sample["input"] == own_rows[doc_id]["prompt"], (task, doc_id)
+            if task == "ai2d":  # lmms-eval logs what its filter kept: the letter of a leading "X."
+                leading = re.match(r"^\s*([A-Z])\.", prediction)
+                prediction = leading.group(1) if leading else prediction
+            assert sample["filtered_resps"].strip() == prediction, (task, doc_id)
+    for doc_id, sample in _samples(out, "hellaswag").items():
+        nll = [float(r[0]) for r in sample["filtered_resps"]]
+        assert nll == pytest.approx([-ll for ll in _own_samples(own, "hellaswag")[doc_id]["loglikelihoods"]], abs=1e-3)
+    # the same scores, by each one's rule
+    assert raw["pope"]["pope_f1_score,none"] * 100 == pytest.approx(ours["pope"]["metrics"]["f1_lmms_eval"])
+    assert raw["pope"]["pope_accuracy,none"] * 100 == pytest.approx(ours["pope"]["metrics"]["accuracy"])
+    assert raw["scienceqa_img"]["exact_match,none"] * 100 == pytest.approx(ours["scienceqa_img"]["score"])
+    l2 = ours["mmstar"]["categories"]["l2_category"]
+    assert raw["mmstar"]["average,none"] * 100 == pytest.approx(sum(v["accuracy"] for v in l2.values()) / len(l2))
+    assert raw["ai2d"]["exact_match,flexible-extract"] * 100 == pytest.approx(ours["ai2d"]["score"])
+    assert raw["hellaswag"]["acc_norm,none"] * 100 == pytest.approx(ours["hellaswag"]["score"])
+    assert theirs["tasks"]["hellaswag"]["score"] == pytest.approx(ours["hellaswag"]["score"])
+    # the Table 4 layout with the baseline row and deltas
+    table = (out / "results.md").read_text()
+    assert "| Model | Method | MM-Star | POPE | ScienceQA | AI2D | HellaSwag | Avg (5 of 9) |" in table
+    assert "| via-lmms | w/ Norm (w/ GWC) |" in table and "(+0.00)" in table
+    assert "Evaluated by lmms-eval" in table
