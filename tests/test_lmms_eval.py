@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from eval_fixtures import write_copy, write_lmms_cache
+from eval_fixtures import answer_table, use_fixed_answers, write_copy, write_lmms_cache
 
 pytestmark = pytest.mark.slow
 
@@ -150,3 +150,76 @@ def test_engine_lmms_eval_offline_matches_own_harness(lmms_python, tiny_model_di
     assert "| Model | Method | MM-Star | POPE | ScienceQA | AI2D | HellaSwag | Avg (5 of 9) |" in table
     assert "| via-lmms | w/ Norm (w/ GWC) |" in table and "(+0.00)" in table
     assert "Evaluated by lmms-eval" in table
+
+
+# lmms-eval's own evaluator on a model that gives fixed answers: its scoring rules, on chosen answers
+FIXED_ANSWERS_RUN = """import json
+import sys
+
+from lmms_eval import evaluator
+from lmms_eval.api.instance import GenerationResult
+from lmms_eval.api.model import lmms
+from lmms_eval.tasks import TaskManager
+
+answers_path, tasks, out_path = sys.argv[1:4]
+with open(answers_path) as f:
+    answers = json.load(f)  # {task: [answer per row]}; log-likelihood tasks: [[ll per option] per row]
+
+
+class FixedAnswers(lmms):
+    def generate_until(self, requests):
+        return [answers[r.args[4]][r.args[3]] for r in requests]
+
+    def loglikelihood(self, requests):  # one request per option; idx is the option's position
+        return [GenerationResult(text=(-answers[r.args[4]][r.args[3]][r.idx], False)) for r in requests]
+
+    def generate_until_multi_round(self, requests):
+        raise NotImplementedError
+
+
+results = evaluator.simple_evaluate(model=FixedAnswers(), tasks=tasks.split(","), batch_size=1,
+                                    task_manager=TaskManager("INFO", model_name="fixed_answers"))
+with open(out_path, "w") as f:
+    json.dump(results["results"], f, default=str)
+"""
+
+# Per row of the fixture copies: answers that both rules read the same way, and one ("maybe" to a "yes" question)
+# where POPE's headline F1 differs by design (docs/evaluation.md).
+FIXED = {
+    "pope": ["yes", "no", "no", "yes", "maybe", "no"],  # gold: yes no yes no yes no
+    "scienceqa_img": ["A", "B. Europe"],  # gold: A C
+    "mmstar": ["A", "B", "D"],  # gold: A B C
+    "ai2d": ["B", "C. sun"],  # gold: B A
+    "hellaswag": [[-5.0, -4.0, -6.0, -3.0], [-2.0, -1.0, -8.0, -9.0]],  # gold: 3 0; log-likelihood per option
+}
+
+
+def test_scores_agree_on_the_same_answers(lmms_python, tiny_model_dir, tmp_path, monkeypatch):
+    """Same rows, same answers: lmms-eval's scoring and the own harness's give the same numbers (the own POPE
+    headline, which also counts unparsed answers to "yes" questions as misses, is lower by design)."""
+    from llava_normaligned.evaluation.cli import main
+
+    data_dir, hf_home = tmp_path / "data", tmp_path / "hf"
+    for task in TASKS:
+        write_copy(task, str(data_dir))
+    write_lmms_cache(str(hf_home), TASKS)
+    (tmp_path / "answers.json").write_text(json.dumps(FIXED))
+    (tmp_path / "fixed.py").write_text(FIXED_ANSWERS_RUN)
+    run = subprocess.run([lmms_python, "fixed.py", "answers.json", ",".join(TASKS), "lmms.json"], cwd=tmp_path,
+                         capture_output=True, text=True, env=_offline_env(hf_home))
+    assert run.returncode == 0 and (tmp_path / "lmms.json").exists(), run.stderr[-3000:]
+    raw = json.loads((tmp_path / "lmms.json").read_text())
+
+    use_fixed_answers(monkeypatch, answer_table(str(data_dir), FIXED))
+    own = tmp_path / "own"
+    assert main([tiny_model_dir, "--tasks", ",".join(TASKS), "--data-dir", str(data_dir), "--output-dir", str(own)]) == 0
+    ours = json.load(open(own / "results.json"))["tasks"]
+
+    assert raw["pope"]["pope_accuracy,none"] * 100 == pytest.approx(ours["pope"]["metrics"]["accuracy"]) == 50.0
+    assert raw["pope"]["pope_f1_score,none"] * 100 == pytest.approx(ours["pope"]["metrics"]["f1_lmms_eval"]) == 50.0
+    assert ours["pope"]["score"] == pytest.approx(40.0)  # F1 with "maybe" to a "yes" question as a miss
+    assert raw["scienceqa_img"]["exact_match,none"] * 100 == pytest.approx(ours["scienceqa_img"]["score"]) == 50.0
+    assert raw["mmstar"]["average,none"] * 100 == pytest.approx(ours["mmstar"]["score"]) == pytest.approx(200 / 3)
+    assert raw["ai2d"]["exact_match,flexible-extract"] * 100 == pytest.approx(ours["ai2d"]["score"]) == 50.0
+    assert raw["hellaswag"]["acc,none"] * 100 == pytest.approx(ours["hellaswag"]["metrics"]["acc"]) == 50.0
+    assert raw["hellaswag"]["acc_norm,none"] * 100 == pytest.approx(ours["hellaswag"]["metrics"]["acc_norm"])

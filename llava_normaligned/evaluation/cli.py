@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saved the splits under {cfg.save_data}; evaluate offline with --data-dir {cfg.save_data}")
         return 0
     print(table_markdown(results, baseline))
-    print(f"\nwrote {os.path.join(cfg.output_dir, 'results.json')}, results.md and {SAMPLES_FILE}")
+    samples = SAMPLES_FILE if args.engine == "own" else "lmms-eval's output in lmms_eval/"
+    print(f"\nwrote {os.path.join(cfg.output_dir, 'results.json')}, results.md and {samples}")
     return exit_code(results, cfg.allow_errors)
 
 
