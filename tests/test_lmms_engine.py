@@ -85,3 +85,14 @@ def test_placeholder_tokens_are_never_generated(tiny_model, tiny_processor):
     assert image_id not in suppressed[0, start:].tolist()
     answers = generate_answers(tiny_model, tiny_processor, [request, request], max_new_tokens=4)
     assert len(answers) == 2 and all(isinstance(a, str) for a in answers)
+
+
+def test_engine_without_lmms_eval_says_how_to_install(tiny_model_dir, tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("lmms_eval") is not None:
+        pytest.skip("lmms-eval is installed here")
+    code = main([tiny_model_dir, "--engine", "lmms-eval", "--tasks", "pope", "--output-dir", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "lmms-eval is not installed" in err and "llava-normaligned[eval]" in err and len(err.splitlines()) == 1
