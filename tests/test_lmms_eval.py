@@ -85,15 +85,6 @@ def _own_samples(folder, task: str) -> dict[int, dict]:
         return {r["row"]: r for r in map(json.loads, f) if r["task"] == task}
 
 
-def test_plugin_is_registered_through_the_entry_point(lmms_python, tmp_path):
-    probe = ("from lmms_eval.models import get_model; cls = get_model('llava_normaligned'); "
-             "from lmms_eval.api.model import lmms; assert issubclass(cls, lmms) and cls.is_simple; "
-             "print(cls.__module__ + '.' + cls.__name__)")
-    out = subprocess.run([lmms_python, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().endswith("llava_normaligned.evaluation.lmms_plugin.LlavaNormAligned")
-
-
 def test_engine_lmms_eval_offline_matches_own_harness(lmms_python, tiny_model_dir, tmp_path):
     """One real lmms-eval run (through `eval --engine lmms-eval`) against the package's own harness on the same rows:
     every answer is the same string, every log-likelihood the same number, every score the same; results.md has the
@@ -225,3 +216,51 @@ def test_scores_agree_on_the_same_answers(lmms_python, tiny_model_dir, tmp_path,
     assert raw["ai2d"]["exact_match,flexible-extract"] * 100 == pytest.approx(ours["ai2d"]["score"]) == 50.0
     assert raw["hellaswag"]["acc,none"] * 100 == pytest.approx(ours["hellaswag"]["metrics"]["acc"]) == 50.0
     assert raw["hellaswag"]["acc_norm,none"] * 100 == pytest.approx(ours["hellaswag"]["metrics"]["acc_norm"])
+
+
+PLUGIN_DIRECT = """
+import json, math, sys
+from PIL import Image
+from lmms_eval.api.instance import Instance
+from lmms_eval.api.model import lmms
+from lmms_eval.models import get_model
+from llava_normaligned.evaluation.lmms_plugin import LlavaNormAligned
+
+registered = get_model("llava_normaligned")  # through the entry point, as `lmms-eval --model llava_normaligned`
+assert registered is LlavaNormAligned and issubclass(registered, lmms) and registered.is_simple
+
+try:
+    LlavaNormAligned(pretrained=sys.argv[1], bogus=1)
+except ValueError as err:
+    refused = str(err)
+model = LlavaNormAligned(pretrained=sys.argv[1], load_in_4bit="true", batch_size="2", device="cpu")
+docs = [{"image": Image.new("RGB", (24, 24), c)} for c in ("red", "blue", "green")] + [{"image": None}]
+model.task_dict = {"t": {"test": docs}}
+visual = lambda doc: [doc["image"]] if doc["image"] is not None else None
+meta = lambda i: {"task": "t", "doc_id": i, "repeats": 1}
+kwargs = [{"max_new_tokens": 3, "until": ["\\n"]}, {"max_new_tokens": 2}]
+gen = [Instance("generate_until", (f"Question {i}?", kwargs[i % 2], visual, i, "t", "test"), idx=0, metadata=meta(i))
+       for i in range(4)]
+answers = model.generate_until(gen)
+ll = model.loglikelihood([Instance("loglikelihood", ("The sky is", c, visual, 3, "t", "test"), idx=k, metadata=meta(3))
+                          for k, c in enumerate([" blue", " green and wide"])])
+layer = model.model.model.language_model.layers[0].self_attn.q_proj
+print(json.dumps({"refused": refused, "answers": answers, "ll": [list(r.text) for r in ll],
+                  "linear": type(layer).__name__}))
+"""
+
+
+def test_plugin_is_registered_and_answers_in_4bit(lmms_python, tiny_model_dir, tmp_path):
+    """lmms-eval finds the model through the entry point; the class, called as lmms-eval calls it, answers mixed
+    gen_kwargs and text-only rows in batches of 2, 4-bit through the package's loader, and returns log-likelihoods
+    as (negative log-probability, greedy) pairs; unknown model_args are refused by name."""
+    pytest.importorskip("bitsandbytes")
+    (tmp_path / "direct.py").write_text(PLUGIN_DIRECT)
+    run = subprocess.run([lmms_python, "direct.py", tiny_model_dir], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "unknown model_args ['bogus']" in out["refused"]
+    assert len(out["answers"]) == 4 and all(isinstance(a, str) and "\n" not in a for a in out["answers"])
+    assert out["linear"] == "Linear4bit"
+    assert [len(pair) for pair in out["ll"]] == [2, 2]
+    assert all(nll > 0 and isinstance(greedy, bool) for nll, greedy in out["ll"])
