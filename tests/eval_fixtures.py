@@ -233,7 +233,7 @@ def answer_table(data_dir: str, answers: dict) -> dict:
 def use_fixed_answers(monkeypatch, table: dict, fail=lambda request: False) -> None:
     """Make generation answer (and log-likelihood scoring score) from ``table``; a batch holding a request for which
     ``fail(request)`` is true raises, as a device error would."""
-    from llava_normaligned.evaluation import loglik, runner
+    from llava_normaligned.evaluation import batches, loglik
 
     def generate(model, processor, requests, max_new_tokens):
         if any(fail(r) for r in requests):
@@ -243,5 +243,70 @@ def use_fixed_answers(monkeypatch, table: dict, fail=lambda request: False) -> N
     def score(model, tokenizer, requests, batch_size):
         return [table[(r.context, r.doc_id)] for r in requests]
 
-    monkeypatch.setattr(runner, "generate_answers", generate)
+    monkeypatch.setattr(batches, "generate_answers", generate)
     monkeypatch.setattr(loglik, "score_requests", score)
+
+
+# ---- the same rows in the Hub cache that `datasets` reads offline, under lmms-eval's dataset ids ----
+# lmms-eval 0.7.3's task name -> (Hub dataset id, config, {split: fixture rows}). The Hub ids are lmms-eval's own
+# (its copies under lmms-lab-encoder/, MMLU as hails/mmlu_no_train with one config per subject), the rows the
+# fixtures above, so both harnesses score the same rows.
+def _mmlu_subject_rows(subject: str) -> list[dict]:
+    return [{**row, "subject": subject} for row in mmlu_rows() if row["subject"] == subject] or [
+        {"question": f"Which letter comes first in {subject.replace('_', ' ')}?", "subject": subject,
+         "choices": ["B", "A", "C", "D"], "answer": 1}]
+
+
+def lmms_datasets() -> dict[str, list[tuple[str, str | None, dict[str, list[dict]]]]]:
+    from llava_normaligned.evaluation.prompts import MMLU_SUPERCATEGORY
+
+    return {
+        "pope": [("lmms-lab-encoder/POPE", None, {"test": pope_rows()})],
+        "mmbench_en_dev": [("lmms-lab-encoder/MMBench", "en", {"dev": mmbench_rows()})],
+        "mmstar": [("Lin-Chen/MMStar", None, {"val": mmstar_rows()})],
+        "seedbench_2_plus": [("doolayer/SEED-Bench-2-Plus", None, {"test": seedbench_rows()})],
+        "ocrbench": [("echo840/OCRBench", None, {"test": ocrbench_rows()})],
+        "scienceqa_img": [("lmms-lab-encoder/ScienceQA", "ScienceQA-IMG", {"test": scienceqa_rows()})],
+        "ai2d": [("lmms-lab-encoder/ai2d", None, {"test": ai2d_rows()})],
+        "hellaswag": [("hellaswag", None, {"train": hellaswag_rows()[:1], "validation": hellaswag_rows()})],
+        "mmlu": [("hails/mmlu_no_train", subject, {"test": _mmlu_subject_rows(subject), "dev": _mmlu_subject_rows(subject)})
+                 for subject in sorted(MMLU_SUPERCATEGORY)],
+    }
+
+
+def write_hub_cache(hf_home: str, repo_id: str, config: str | None, splits: dict[str, list[dict]]) -> str:
+    """Write ``splits`` as ``datasets`` caches a Hub dataset it has loaded once:
+    ``HF_HOME/datasets/ORG___name/CONFIG/0.0.0/HASH/`` with ``dataset_info.json`` and one Arrow stream file per split
+    (``name-split.arrow``). With ``HF_HUB_OFFLINE=1``, ``load_dataset(repo_id, config)`` reads it back. Returns it."""
+    import datasets
+    import pyarrow as pa
+    from datasets.naming import camelcase_to_snakecase
+
+    *namespace, short = repo_id.split("/")
+    name = camelcase_to_snakecase(short)
+    config = config or "default"
+    folder = os.path.join(hf_home, "datasets", "___".join(namespace + [name]), config, "0.0.0", "fixture")
+    os.makedirs(folder, exist_ok=True)
+    split_dict = datasets.SplitDict(dataset_name=name)
+    features = None
+    for split, rows in splits.items():
+        dataset = to_dataset(rows)
+        features = dataset.features
+        table = dataset.data.table
+        with pa.OSFile(os.path.join(folder, f"{name}-{split}.arrow"), "wb") as sink, \
+                pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        split_dict.add(datasets.SplitInfo(name=split, num_examples=len(dataset), num_bytes=table.nbytes,
+                                          dataset_name=name))
+    datasets.DatasetInfo(features=features, config_name=config, dataset_name=name, splits=split_dict,
+                         version="0.0.0").write_to_directory(folder)
+    return folder
+
+
+def write_lmms_cache(hf_home: str, tasks) -> str:
+    """Every dataset lmms-eval reads for ``tasks`` (its task names), in the offline cache under ``hf_home``."""
+    table = lmms_datasets()
+    for task in tasks:
+        for repo_id, config, splits in table[task]:
+            write_hub_cache(hf_home, repo_id, config, splits)
+    return hf_home

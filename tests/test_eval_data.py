@@ -13,7 +13,7 @@ from llava_normaligned.demo.synthetic import TEMPLATES as SYNTHETIC_TEMPLATES
 
 import eval_fixtures
 from llava_normaligned.evaluation.data import EvalDataError, load_split
-from llava_normaligned.evaluation.runner import build_requests
+from llava_normaligned.evaluation.batches import build_requests
 from llava_normaligned.evaluation.tasks import TASKS
 
 

@@ -18,7 +18,7 @@ from llava_normaligned.evaluation.loglik import (
     score_requests,
 )
 from llava_normaligned.evaluation.prompts import hellaswag_request, mmlu_request
-from llava_normaligned.evaluation.runner import SampleSink
+from llava_normaligned.evaluation.batches import SampleSink
 from llava_normaligned.evaluation.tasks import TASKS
 
 import eval_fixtures

@@ -1,11 +1,14 @@
 """Evaluation on the paper's benchmarks (Table 4).
 
-``llava-normaligned eval MODEL --tasks ... --output-dir DIR`` runs :func:`main`; :func:`evaluate` takes an
-:class:`EvalConfig`. Task ids, Hub datasets and schemas live in :mod:`.tasks`; the Table 4 Markdown in :mod:`.report`
+``llava-normaligned eval MODEL --tasks ... --output-dir DIR`` runs :func:`main` (flags, ``cli.py``); :func:`evaluate`
+(the run, ``runner.py``) takes an :class:`EvalConfig`. ``--engine lmms-eval`` runs lmms-eval instead
+(``lmms_engine.py``) on this package's lmms-eval model (``lmms_plugin.py``, registered by entry point).
+Task ids, Hub datasets and schemas live in :mod:`.tasks`; the Table 4 Markdown in :mod:`.report`
 (:func:`render_markdown`, :func:`table_markdown`, for model cards).
 """
 
-from .cli import EvalConfig, evaluate, main, make_eval_parser
+from .cli import main, make_eval_parser
+from .runner import EvalConfig, evaluate
 from .report import render_markdown, table_markdown
 
 __all__ = ["EvalConfig", "evaluate", "main", "make_eval_parser", "render_markdown", "table_markdown"]

@@ -11,7 +11,7 @@ import torch
 
 from .data import LoadedSplit
 from .prompts import LoglikRequest
-from .runner import SampleSink, chunks, run_batches
+from .batches import SampleSink, chunks, run_batches
 from .tasks import TaskSpec
 
 
@@ -34,9 +34,16 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
     return whole[: len(ctx)], cont
 
 
-@torch.no_grad()
 def continuation_logprobs(model, tokenizer, pairs: list[tuple[list[int], list[int]]], max_length: int | None = None) -> list[float]:
-    """Summed log p(continuation | context) for each (context ids, continuation ids), in one left-padded batch.
+    """Summed log p(continuation | context) for each (context ids, continuation ids), in one left-padded batch."""
+    return [score for score, _ in continuation_scores(model, tokenizer, pairs, max_length)]
+
+
+@torch.no_grad()
+def continuation_scores(model, tokenizer, pairs: list[tuple[list[int], list[int]]],
+                        max_length: int | None = None) -> list[tuple[float, bool]]:
+    """(summed log p(continuation | context), whether greedy decoding would produce the continuation) for each
+    (context ids, continuation ids), in one left-padded batch.
 
     Row i is (context + continuation)[:-1]; with left padding its continuation is predicted by its last
     len(continuation) positions, so only the last max(len(continuation)) logits are computed.
@@ -68,8 +75,9 @@ def continuation_logprobs(model, tokenizer, pairs: list[tuple[list[int], list[in
     scores = []
     for i, cont in enumerate(conts):
         target = torch.tensor(cont, device=logprobs.device)
-        picked = logprobs[i, keep - len(cont) :].gather(-1, target[:, None])  # (len(cont), 1)
-        scores.append(float(picked.sum()))
+        rows = logprobs[i, keep - len(cont) :]  # (len(cont), V)
+        picked = rows.gather(-1, target[:, None])  # (len(cont), 1)
+        scores.append((float(picked.sum()), bool((rows.argmax(-1) == target).all())))
     return scores
 
 

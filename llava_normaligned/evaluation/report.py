@@ -144,7 +144,8 @@ def _metric_note(name: str, entry: dict) -> str:
     if entry.get("n_unparsed"):
         extra.append(f"{entry['n_unparsed']} unparsed answers")
     detail = f" {'; '.join(extra)}." if extra else ""
-    return f"- **{spec.column if spec else name}**: {entry.get('metric')} on {entry.get('n')} samples. {spec.notes if spec else ''}{detail}"
+    notes = entry.get("notes") or (spec.notes if spec else "")  # the engine's own rule (lmms-eval's) when it says
+    return f"- **{spec.column if spec else name}**: {entry.get('metric')} on {entry.get('n')} samples. {notes}{detail}"
 
 
 def _category_tables(name: str, entry: dict, max_rows: int = 20) -> list[str]:
@@ -175,7 +176,8 @@ def render_markdown(results: dict, baseline: dict | None = None) -> str:
     if avg["tasks"] and not avg["complete"]:
         lines += [f"Avg is the mean over the {len(avg['tasks'])} of Table 4's {len(PAPER_TASKS)} benchmarks run here"
                   + (", for the baseline too (– where it lacks one of them)." if baseline is not None else "."), ""]
-    lines += ["Scores are percentages; greedy decoding.", ""]
+    engine = " Evaluated by lmms-eval (`--engine lmms-eval`)." if results.get("engine") == "lmms-eval" else ""
+    lines += [f"Scores are percentages; greedy decoding.{engine}", ""]
     lines += [_metric_note(name, entry) for name, entry in results.get("tasks", {}).items()]
     for name, error in (results.get("failed_tasks") or {}).items():
         lines.append(f"- **{name}**: failed: {error}")
