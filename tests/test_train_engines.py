@@ -156,6 +156,8 @@ def _assert_sharded(engine, summary):
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_engine_trains_both_stages_like_one_process_and_resumes(engine, ramp_model_dir, two_rows, one_process,
                                                                 tmp_path):
+    if engine.startswith("zero"):
+        pytest.importorskip("deepspeed", reason="DeepSpeed is the `engines` extra: pip install -e '.[dev,engines]'")
     initial = _weights(ramp_model_dir)
     per_device = ["--per_device_train_batch_size", "1"]
 
