@@ -35,7 +35,6 @@ SGD = ["--optim", "sgd", "--max_grad_norm", "0", "--max_steps", "2", "--lr_sched
        "--logging_steps", "1"]
 STAGE_LRS = {1: ["--learning_rate", "1.0"],
              2: ["--learning_rate", "1.0", "--lr-projector", "0.5", "--lr-vision", "0.25"]}
-pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:
@@ -153,6 +152,24 @@ def _assert_sharded(engine, summary):
             assert info["parameter_elements_here"] <= info["parameter_elements"] // 2 + 1000, info
 
 
+def test_fsdp_wraps_the_listed_layer_classes_the_model_has(tiny_model):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from llava_normaligned.trainer.engines import fit_fsdp_wrap_classes
+
+    # the shipped config's list, which names layers of four model families
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["LlamaDecoderLayer", "Qwen2DecoderLayer", "SiglipEncoderLayer", "CLIPEncoderLayer"])
+    assert fit_fsdp_wrap_classes(plugin, tiny_model) == ["LlamaDecoderLayer", "SiglipEncoderLayer"]
+    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer", "SiglipEncoderLayer"]
+    plugin.set_auto_wrap_policy(tiny_model)  # accelerate's own check now passes
+    none_present = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                                  transformer_cls_names_to_wrap=["Qwen2DecoderLayer"])
+    with pytest.raises(ValueError, match="none of the layer classes to wrap"):
+        fit_fsdp_wrap_classes(none_present, tiny_model)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_engine_trains_both_stages_like_one_process_and_resumes(engine, ramp_model_dir, two_rows, one_process,
                                                                 tmp_path):
