@@ -60,6 +60,7 @@ def _parts(text_config: dict):
     return vision_config, vision_tower, llm, train_tokenizer(), image_processor
 
 
+@pytest.mark.slow  # 99-135 s each on the loaded 2-core machine (building and measuring 0.4-0.5G embeddings)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_compose_at_the_papers_shapes(shape):
     from llava_normaligned.compose import compose_parts
