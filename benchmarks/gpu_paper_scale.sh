@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Paper-scale training steps on one GPU (well under 10 minutes on an H200): stage 1 and stage 2 of the 3.65B shape
+# Paper-scale training steps on one GPU (sized for under 10 minutes; the run is cut at 540 s): stage 1 and 2 of the 3.65B shape
 # in bf16, this package against stock TRL + stock LLaVA, and one single-process ZeRO-2 run. JSON to
 # benchmarks/results/. `--tiny` runs the same code on the CPU at tiny widths.
+# Needs a CUDA torch and `pip install -e ".[dev,engines]"` (DeepSpeed for the ZeRO-2 run; `--no-zero2` without it).
 #   bash benchmarks/gpu_paper_scale.sh            # on the GPU machine
 #   bash benchmarks/gpu_paper_scale.sh --tiny     # anywhere
 set -euo pipefail
