@@ -179,8 +179,55 @@ def compose(
     """
     check_source(vision_model, "vision model", revision=revision)  # before the imports: a typo fails at once
     check_source(text_model, "text model", revision=text_revision)
+    from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer
+
+    from .tiny import IMAGE_TOKEN
+
+    dtype = parse_dtype(dtype)
+    vision_config, vision_tower = _vision_parts(vision_model, revision, dtype, trust_remote_code)
+    llm = AutoModelForCausalLM.from_pretrained(
+        text_model, revision=text_revision, dtype=dtype, trust_remote_code=trust_remote_code
+    )
+    tokenizer = AutoTokenizer.from_pretrained(
+        text_model,
+        revision=text_revision,
+        trust_remote_code=trust_remote_code,
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+    )
+    image_processor = AutoImageProcessor.from_pretrained(vision_model, revision=revision)
+    return compose_parts(
+        vision_config, vision_tower, llm, tokenizer, image_processor,
+        vision_name=vision_model, text_name=text_model, projector_norm=projector_norm, norm_init=norm_init,
+        gradient_compensation=gradient_compensation, gradient_compensation_min=gradient_compensation_min,
+        vision_feature_layer=vision_feature_layer, vision_feature_select_strategy=vision_feature_select_strategy,
+        projector_hidden_act=projector_hidden_act, dtype=dtype, seed=seed,
+    )
+
+
+def compose_parts(
+    vision_config,
+    vision_tower: torch.nn.Module,
+    llm,
+    tokenizer,
+    image_processor,
+    *,
+    vision_name: str,
+    text_name: str,
+    projector_norm: str | None = "layernorm",
+    norm_init: str = "target",
+    gradient_compensation: bool = True,
+    gradient_compensation_min: float = 1e-3,
+    vision_feature_layer: int = -2,
+    vision_feature_select_strategy: str | None = None,
+    projector_hidden_act: str = "gelu",
+    dtype: torch.dtype | None = None,
+    seed: int = 42,
+):
+    """``compose`` from parts already built: the vision tower (a ``*VisionModel``) with its config, the causal LM,
+    its tokenizer (with the image token added) and the vision encoder's image processor. The LM's weights may be on
+    the meta device except its input embeddings, which T is computed from. Returns (model, processor)."""
     import torch
-    from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer, LlavaProcessor
+    from transformers import LlavaProcessor
 
     from modeling_llava_normaligned import (
         LlavaNormAlignedConfig,
@@ -190,24 +237,13 @@ def compose(
 
     from .tiny import IMAGE_TOKEN
 
-    dtype = parse_dtype(dtype)
-    vision_config, vision_tower = _vision_parts(vision_model, revision, dtype, trust_remote_code)
     strategy, n_extra = _select_strategy(vision_config)
     strategy = vision_feature_select_strategy or strategy
-
-    llm = AutoModelForCausalLM.from_pretrained(
-        text_model, revision=text_revision, dtype=dtype, trust_remote_code=trust_remote_code
-    )
+    text_model = text_name
     # One dtype for the whole model: the one asked for, else the LM's (a bf16 LLM stays bf16, and the saved
     # config says so, so from_pretrained does not silently load it back in fp32).
     model_dtype = dtype or next(llm.parameters()).dtype
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        text_model,
-        revision=text_revision,
-        trust_remote_code=trust_remote_code,
-        extra_special_tokens={"image_token": IMAGE_TOKEN},
-    )
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     # raises if every row is 0; the image token's row, if the LM has one already, is not text (paper §5.1)
     norm_target = text_embedding_norm_target(
@@ -219,7 +255,7 @@ def compose(
 
     vision_dict, text_dict = vision_config.to_dict(), llm.config.to_dict()
     # Where each part came from, as the model card's base_model: a Hub id, never a local path (privacy).
-    vision_dict["_name_or_path"], text_dict["_name_or_path"] = _public_name(vision_model), _public_name(text_model)
+    vision_dict["_name_or_path"], text_dict["_name_or_path"] = _public_name(vision_name), _public_name(text_model)
     config = LlavaNormAlignedConfig(
         vision_config=vision_dict,
         text_config=text_dict,
@@ -238,7 +274,7 @@ def compose(
     with _meta_device():
         model = LlavaNormAlignedForConditionalGeneration(config)
     parts = anatomy_of(model)
-    _adopt(parts.vision_tower, vision_tower, f"vision model {vision_model!r}")
+    _adopt(parts.vision_tower, vision_tower, f"vision model {vision_name!r}")
     _adopt(parts.language_model, llm.base_model, f"text model {text_model!r}")
     if not config.tie_word_embeddings:
         _adopt(model.get_output_embeddings(), llm.get_output_embeddings(), f"text model {text_model!r} (lm_head)")
@@ -259,7 +295,6 @@ def compose(
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.eval()
 
-    image_processor = AutoImageProcessor.from_pretrained(vision_model, revision=revision)
     processor = LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,

@@ -242,6 +242,10 @@ def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
 def _adjust_for_hardware(namespace) -> None:
     if has_accelerator():
         return
+    from .engines import cpu_engine_arguments
+
+    if cpu_engine_arguments(namespace):  # a DeepSpeed launch: its CPU accelerator over gloo
+        return
     if namespace.bf16 is not False or namespace.fp16 or not namespace.use_cpu:
         logger.info("no GPU found: training on the CPU in float32 (use_cpu=True, bf16/fp16 off)")
     namespace.use_cpu, namespace.bf16, namespace.fp16 = True, False, False

@@ -35,6 +35,13 @@ from trl import SFTConfig, SFTTrainer
 from .arguments import StageConfig, make_parser, parse_train_args
 from .callbacks import NormTrackingCallback, gain_statistics, norm_records, part_gradient_norms, will_log
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
+from .engines import (
+    engine_summary,
+    fit_fsdp_wrap_classes,
+    gathered_state_dict,
+    remove_wrapper_sources,
+    take_fsdp_on_cpu,
+)
 from .loading import describe_variant
 from .preprocess import prepare_dataset
 from .stages import StageLearningRates, freeze_for_stage, parameter_groups
@@ -87,6 +94,18 @@ class LlavaStageTrainer(SFTTrainer):
         self._group_rates: list[float] = []
         self._part_grad_norms: dict[str, float] = {}
         super().__init__(*args, **kwargs)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        if take_fsdp_on_cpu(self.accelerator):  # an FSDP launch without GPUs (engines.py)
+            self.is_fsdp_enabled = True
+        if self.is_fsdp_enabled:  # one FSDP config for every LLM / vision family
+            fit_fsdp_wrap_classes(self.accelerator.state.fsdp_plugin, self.model)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict=gathered_state_dict(state_dict))  # FSDP2 on the CPU (engines.py)
+        if self.args.should_save:
+            remove_wrapper_sources(self.model, output_dir if output_dir is not None else self.args.output_dir)
 
     def resolved_learning_rates(self) -> dict[str, float]:
         return self.learning_rates.resolved(self.args.learning_rate)
@@ -290,6 +309,7 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
             "fp16": args.fp16,
             "max_length": args.max_length,
             "gradient_checkpointing": _checkpointing(args)[0],
+            "engine": engine_summary(trainer),
         },
         "metrics": metrics,
         "norm": {

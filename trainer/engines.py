@@ -1,0 +1,174 @@
+"""The multi-process engines (``trainer/accelerate_configs/``) on a machine without GPUs: FSDP2 and DeepSpeed ZeRO.
+
+On GPUs, ``accelerate launch --config_file fsdp.yaml`` (or ``deepspeed_zero{2,3}.yaml``) needs nothing from this
+file. Without one, accelerate 1.x quietly falls back to DDP, for two reasons:
+
+* ``use_cpu=True`` (which ``train`` sets when there is no GPU) makes accelerate's state ``MULTI_CPU``, and its
+  ``AcceleratorState`` takes the FSDP plugin only for GPU-like device types, and the DeepSpeed one only when
+  ``cpu`` is off. An FSDP2 config then trains as DDP over gloo with unsharded parameters.
+* with ``use_cpu=False`` and no ``ddp_backend``, accelerate finds no backend for a CPU and runs each process alone.
+
+torch's FSDP2 (``fully_shard``) runs on CPU tensors over gloo, and DeepSpeed has a CPU accelerator that talks gloo,
+so both can run for real:
+
+* DeepSpeed: ``cpu_engine_arguments`` keeps ``use_cpu`` off and sets ``ddp_backend="gloo"`` (the DeepSpeed CPU
+  accelerator initialises the process group itself; its shared-memory all-reduce op is compiled once on first use
+  and cached in ``~/.cache/torch_extensions``).
+* FSDP2: ``take_fsdp_on_cpu`` gives the state of a ``MULTI_CPU`` run the FSDP plugin that the launcher's
+  ``FSDP_*`` variables describe, before the model is prepared, so accelerate's own FSDP2 path (``fully_shard`` per
+  decoder / encoder layer, full state dict on save) shards it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
+def launched_engine() -> str | None:
+    """``"deepspeed"``, ``"fsdp"`` or ``None``: what ``accelerate launch --config_file ...`` asked for."""
+    if _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        return "deepspeed"
+    if _env_flag("ACCELERATE_USE_FSDP"):
+        return "fsdp"
+    return None
+
+
+def cpu_engine_arguments(namespace) -> bool:
+    """On a machine without GPUs, set what a DeepSpeed launch needs to run on the CPU (``use_cpu`` off,
+    ``ddp_backend="gloo"``, float32). Returns whether it applied; ``namespace`` holds the SFTConfig fields."""
+    if launched_engine() != "deepspeed":
+        return False
+    if namespace.bf16 or namespace.fp16 or namespace.use_cpu or namespace.ddp_backend not in (None, "gloo"):
+        logger.info("no GPU found: DeepSpeed on its CPU accelerator over gloo in float32 (use_cpu=False, "
+                    "ddp_backend=gloo, bf16/fp16 off)")
+    namespace.use_cpu, namespace.bf16, namespace.fp16 = False, False, False
+    namespace.ddp_backend = "gloo"
+    return True
+
+
+def take_fsdp_on_cpu(accelerator) -> bool:
+    """Make a ``MULTI_CPU`` accelerator launched with an FSDP config use FSDP (see the module docstring).
+
+    Called right after the Trainer creates its ``Accelerator`` and before anything is prepared. Returns whether
+    it switched; a GPU run, or a run not launched with FSDP, is left as it is.
+    """
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = accelerator.state
+    if launched_engine() != "fsdp" or state.distributed_type != DistributedType.MULTI_CPU:
+        return False
+    if getattr(state, "fsdp_plugin", None) is not None:
+        return False
+    plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables (the config file)
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.fsdp_plugin = plugin
+    state.distributed_type = DistributedType.FSDP
+    logger.info("FSDP%d on the CPU over gloo (%d processes): parameters are sharded", plugin.fsdp_version,
+                state.num_processes)
+    return True
+
+
+
+
+
+def fit_fsdp_wrap_classes(plugin, model) -> list[str] | None:
+    """Keep, of the FSDP config's ``fsdp_transformer_layer_cls_to_wrap``, the classes this model has.
+
+    One config serves Llama, Qwen2, SigLIP and CLIP parts, but accelerate refuses a listed class the model lacks
+    ("Could not find the transformer layer class Qwen2DecoderLayer in the model"). Without a list, accelerate falls
+    back to ``_no_split_modules``, which for a LLaVA also names classes a vision-only tower lacks
+    (``SiglipTextEmbeddings``), so the same filter applies. Returns the classes kept (``None``: not a
+    transformer-based wrap policy); a list of which none is in the model is a ``ValueError``.
+    """
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    policy = plugin.auto_wrap_policy
+    if not (policy == transformer_auto_wrap_policy or str(policy).upper() == "TRANSFORMER_BASED_WRAP"):
+        return None
+    wanted = plugin.transformer_cls_names_to_wrap
+    if wanted is None:
+        wanted = list(getattr(model, "_no_split_modules", None) or [])
+    present = {type(module).__name__ for module in model.modules()}
+    kept = [name for name in wanted if name in present]
+    if not kept:
+        raise ValueError(f"FSDP: none of the layer classes to wrap ({', '.join(wanted)}) is in the model; set "
+                         f"fsdp_transformer_layer_cls_to_wrap to its decoder / encoder layer classes")
+    dropped = [name for name in wanted if name not in present]
+    if dropped:
+        logger.info("FSDP: wrapping %s (not in this model: %s)", ", ".join(kept), ", ".join(dropped))
+    plugin.transformer_cls_names_to_wrap = kept
+    return kept
+
+
+def gathered_state_dict(state_dict: dict | None) -> dict | None:
+    """A state dict with every FSDP2 ``DTensor`` gathered whole. Collective: every rank calls it alike.
+
+    On the CPU, accelerate's FSDP2 full state dict (``get_model_state_dict(full_state_dict=True,
+    broadcast_from_rank0=True, cpu_offload=True)``) came back as the sharded ``DTensor``s, which safetensors cannot
+    write ("Attempted to access the data pointer on an invalid python storage"); GPU runs get plain tensors and pass
+    through unchanged."""
+    if not state_dict or not any(hasattr(v, "full_tensor") for v in state_dict.values()):
+        return state_dict
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state_dict.items()}
+
+
+def remove_wrapper_sources(model, folder: str) -> list[str]:
+    """Delete from ``folder`` the source files ``save_pretrained`` copied from an engine's wrapper class.
+
+    FSDP2 swaps the model's class for a subclass defined in torch's ``_fully_shard`` module; the remote-code copy
+    (``register_for_auto_class``) then copies that module and its relative imports (``_fsdp_*.py``) beside this
+    package's modeling files. Returns the names removed."""
+    import sys
+
+    module = sys.modules.get(type(model).__module__)
+    source = getattr(module, "__file__", None)
+    if not source or type(model).__module__.startswith(("modeling_llava_normaligned", "transformers")):
+        return []
+    theirs = set(os.listdir(os.path.dirname(source)))
+    removed = [name for name in os.listdir(folder) if name.endswith(".py") and name in theirs]
+    for name in removed:
+        os.remove(os.path.join(folder, name))
+    return removed
+
+
+def engine_summary(trainer) -> dict:
+    """What ran the training: accelerate's distributed type, the process count, DeepSpeed's ZeRO stage, and how
+    many parameter tensors are sharded (FSDP2: ``DTensor``; ZeRO-3: partitioned, ``ds_numel`` elements in all) with
+    the elements this process holds against the model's total. Local: no collective."""
+    accelerator = trainer.accelerator
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    model = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
+    sharded = tensors = local = total = 0
+    for param in model.parameters():
+        tensors += 1
+        if hasattr(param, "full_tensor"):  # FSDP2 DTensor
+            sharded += 1
+            local += param.to_local().numel()
+            total += param.numel()
+        elif hasattr(param, "ds_numel"):  # DeepSpeed ZeRO-3 partition
+            sharded += 1
+            local += param.ds_tensor.numel() if getattr(param, "ds_tensor", None) is not None else 0
+            total += param.ds_numel
+        else:
+            local += param.numel()
+            total += param.numel()
+    return {
+        "distributed_type": "FSDP" if getattr(accelerator.state, "fsdp_plugin", None) is not None
+        else str(accelerator.distributed_type).split(".")[-1],
+        "num_processes": accelerator.num_processes,
+        "zero_stage": plugin.zero_stage if plugin is not None else None,
+        "fsdp_version": getattr(getattr(accelerator.state, "fsdp_plugin", None), "fsdp_version", None),
+        "sharded_parameter_tensors": sharded,
+        "parameter_tensors": tensors,
+        "parameter_elements_here": local,
+        "parameter_elements": total,
+    }
+__all__ = ["cpu_engine_arguments", "engine_summary", "fit_fsdp_wrap_classes", "gathered_state_dict", "remove_wrapper_sources", "launched_engine", "take_fsdp_on_cpu"]
