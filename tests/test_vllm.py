@@ -317,3 +317,31 @@ def test_vllm_serve_answers_chat_with_an_image(vllm_python, serve_checkpoint, tr
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
         log.close()
+
+
+def _build_only(vllm_python: Path, model_dir: Path, tmp_path: Path, *extra: str) -> dict:
+    """The model vLLM builds for a checkpoint and options (no weights, no kernels), as recorded by vllm_check."""
+    out = tmp_path / "anatomy.json"
+    cmd = [str(vllm_python), "-m", "llava_normaligned.serving.vllm_check", str(model_dir), "--init-only",
+           "--output", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_vllm_env(), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _assert_only_the_llm_is_quantized(anatomy: dict, dtype: str) -> None:
+    methods = anatomy["linear_quant_methods"]
+    llm = [name for name in methods if name.startswith("language_model.")]
+    assert llm and set(anatomy["quantized_linears"]) >= set(llm)  # every linear layer of the LLM
+    for name in ("multi_modal_projector.linear_1", "multi_modal_projector.linear_2"):
+        assert methods[name] == "UnquantizedLinearMethod", name
+    assert set(anatomy["projector_dtypes"].values()) == {dtype}  # norm.weight / norm.bias included
+
+
+@pytest.mark.slow
+def test_vllm_fp8_quantizes_the_llm_and_leaves_projector_and_norm_alone(vllm_python, serve_checkpoint, tmp_path):
+    # Online FP8 (--quantization fp8). The CPU build has no FP8 kernels, so the model is built, not run.
+    model_dir, _ = serve_checkpoint
+    got = _build_only(vllm_python, model_dir, tmp_path, "--dtype", "bfloat16", "--quantization", "fp8")
+    assert got["quantization"] == "fp8"
+    _assert_only_the_llm_is_quantized(got["anatomy"], "torch.bfloat16")

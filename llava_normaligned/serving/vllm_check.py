@@ -20,8 +20,8 @@ import sys
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m llava_normaligned.serving.vllm_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="checkpoint folder (or Hub id)")
-    parser.add_argument("--image", required=True, help="image file for the prompt")
-    parser.add_argument("--prompt", required=True, help="the user's text; the image goes before it")
+    parser.add_argument("--image", help="image file for the prompt")
+    parser.add_argument("--prompt", help="the user's text; the image goes before it")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--logprobs", type=int, default=5, help="log-probabilities of the top N tokens per step")
     parser.add_argument("--suppress-token-id", type=int, action="append", default=[],
@@ -32,7 +32,33 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-mib", type=int, default=None,
                         help="KV cache size in MiB (on CPU: instead of a fraction of the machine's memory)")
     parser.add_argument("--output", required=True, help="JSON file to write")
+    parser.add_argument("--init-only", action="store_true",
+                        help="only build the model as vLLM would (no weights, no kernels) and record its anatomy: "
+                             "shows what a quantization method quantizes on machines that cannot run its kernels")
     return parser
+
+
+def build_model_only(args) -> dict:
+    """The model vLLM's loader would build for ``args`` (quantization included), in this process, without weights."""
+    import tempfile
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    engine_args = EngineArgs(model=args.model, dtype=args.dtype, quantization=args.quantization,
+                             max_model_len=args.max_model_len, kv_cache_memory_bytes=64 * 2**20,
+                             limit_mm_per_prompt={"image": 1}, distributed_executor_backend="uni")
+    config = engine_args.create_engine_config()
+    with set_current_vllm_config(config), tempfile.TemporaryDirectory() as rendezvous:
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{rendezvous}/init")
+        initialize_model_parallel(1, 1)
+        with set_default_torch_dtype(config.model_config.dtype):
+            model = initialize_model(vllm_config=config)
+    return {"quantization": config.model_config.quantization, "anatomy": model_anatomy(model)}
 
 
 def model_anatomy(model) -> dict:
@@ -75,9 +101,18 @@ def checkpoint_name_map(model_dir: str) -> dict[str, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    if not os.path.isfile(args.image):
-        print(f"error: --image {args.image!r}: no such file", file=sys.stderr)
-        return 2
+    if not args.init_only:
+        if args.image is None or args.prompt is None:
+            print("error: --image and --prompt are needed (unless --init-only)", file=sys.stderr)
+            return 2
+        if not os.path.isfile(args.image):
+            print(f"error: --image {args.image!r}: no such file", file=sys.stderr)
+            return 2
+
+    if args.init_only:
+        with open(args.output, "w") as handle:
+            json.dump(build_model_only(args), handle, indent=1)
+        return 0
 
     from PIL import Image
     from transformers import AutoProcessor

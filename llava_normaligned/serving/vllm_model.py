@@ -13,12 +13,15 @@ vLLM's and follows the quantization config (a pre-quantized checkpoint's ignore 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import torch
+from vllm.model_executor.models import llava as vllm_llava
 from vllm.model_executor.models.llava import LlavaForConditionalGeneration, LlavaMultiModalProjector
-from vllm.model_executor.models.utils import StageMissingLayer, WeightsMapper, maybe_prefix
+from vllm.model_executor.models.utils import WeightsMapper
 
 from modeling_llava_normaligned import NormAlignedLayerNorm
 
@@ -28,20 +31,24 @@ PROJECTOR_TENSORS = {f"{layer}.{kind}" for layer in ("linear_1", "linear_2", "no
 
 
 class NormAlignedProjector(LlavaMultiModalProjector):
-    """LLaVA-1.5's projector (vLLM's layers, our parameter names), never quantized, then the aligned norm."""
+    """LLaVA-1.5's projector (vLLM's layers, our parameter names), never quantized, then the aligned norm.
 
-    def __init__(self, config, prefix: str = ""):
+    Takes the arguments vLLM's LLaVA passes its projector; ``quant_config`` is accepted and ignored.
+    """
+
+    def __init__(self, *, vision_hidden_size: int, text_hidden_size: int, projector_hidden_act: str,
+                 multimodal_projector_bias: bool, quant_config=None, prefix: str = "", projector_norm=None):
         super().__init__(
-            vision_hidden_size=config.vision_config.hidden_size,
-            text_hidden_size=config.text_config.hidden_size,
-            projector_hidden_act=config.projector_hidden_act,
-            multimodal_projector_bias=config.multimodal_projector_bias,
+            vision_hidden_size=vision_hidden_size,
+            text_hidden_size=text_hidden_size,
+            projector_hidden_act=projector_hidden_act,
+            multimodal_projector_bias=multimodal_projector_bias,
             quant_config=None,
             prefix=prefix,
         )
-        if config.projector_norm == "layernorm":
+        if projector_norm == "layernorm":
             # The training module itself: at inference its forward is F.layer_norm (GWC acts in backward only).
-            self.norm = NormAlignedLayerNorm(config.text_config.hidden_size, compensation=False)
+            self.norm = NormAlignedLayerNorm(text_hidden_size, compensation=False)
         else:  # the paper's "w/o Norm" row: stock LLaVA
             self.norm = None
 
@@ -52,8 +59,27 @@ class NormAlignedProjector(LlavaMultiModalProjector):
         return hidden_states
 
 
+@contextmanager
+def _projector_built_as(factory):
+    """While vLLM's LLaVA ``__init__`` runs, it builds ``factory(...)`` where it would build its projector.
+
+    Building ours in its place (rather than replacing the module afterwards) keeps all of vLLM's bookkeeping
+    right: the projector is recorded as a tower part, routed through an offloader, left out when images are
+    disabled, and no quantized copy is ever made (online quantization such as --quantization fp8 lists the
+    layers it quantizes as they are built).
+    """
+    if not isinstance(getattr(vllm_llava, "LlavaMultiModalProjector", None), type):
+        raise RuntimeError("this vLLM's llava module has no LlavaMultiModalProjector: unsupported vLLM version")
+    original = vllm_llava.LlavaMultiModalProjector
+    vllm_llava.LlavaMultiModalProjector = factory
+    try:
+        yield
+    finally:
+        vllm_llava.LlavaMultiModalProjector = original
+
+
 class LlavaNormAlignedForConditionalGeneration(LlavaForConditionalGeneration):
-    """vLLM's LLaVA with ``NormAlignedProjector`` in place of its projector (same multimodal processor)."""
+    """vLLM's LLaVA with ``NormAlignedProjector`` as its projector (same multimodal processor)."""
 
     # transformers 5 saves the vision tower of a LLaVA without the `vision_model.` level that vLLM's (and
     # transformers 4's) SigLIP / CLIP modules have: `model.vision_tower.encoder...`. Put it back, then apply
@@ -64,12 +90,9 @@ class LlavaNormAlignedForConditionalGeneration(LlavaForConditionalGeneration):
     )
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        if isinstance(self.multi_modal_projector, StageMissingLayer):
-            return  # image inputs are disabled (--limit-mm-per-prompt image=0): vLLM skips the whole tower
-        projector = NormAlignedProjector(self.config, prefix=maybe_prefix(prefix, PROJECTOR))
-        # Set through _modules: the child keeps its name, which vLLM has already recorded as a tower part.
-        self._modules[PROJECTOR] = projector
+        norm = getattr(vllm_config.model_config.hf_config, "projector_norm", None)
+        with _projector_built_as(functools.partial(NormAlignedProjector, projector_norm=norm)):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(_refuse_quantized_projector(weights))
