@@ -345,3 +345,34 @@ def test_vllm_fp8_quantizes_the_llm_and_leaves_projector_and_norm_alone(vllm_pyt
     got = _build_only(vllm_python, model_dir, tmp_path, "--dtype", "bfloat16", "--quantization", "fp8")
     assert got["quantization"] == "fp8"
     _assert_only_the_llm_is_quantized(got["anatomy"], "torch.bfloat16")
+
+
+@pytest.mark.slow
+def test_vllm_name_mapping_and_refusal_of_a_quantized_projector(vllm_python):
+    code = '''
+import json
+from llava_normaligned.serving.vllm_model import LlavaNormAlignedForConditionalGeneration as M, _refuse_quantized_projector
+names = ["model.vision_tower.encoder.layers.0.mlp.fc1.weight",               # transformers 5 layout
+         "model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",  # transformers 4 layout
+         "model.multi_modal_projector.norm.weight", "model.language_model.norm.weight", "lm_head.weight"]
+mapped = [M.hf_to_vllm_mapper.map_name(n) for n in names]
+kept = [n for n, _ in _refuse_quantized_projector((n, None) for n in names)]
+try:
+    list(_refuse_quantized_projector([("model.multi_modal_projector.linear_1.qweight", None)]))
+    refused = None
+except ValueError as error:
+    refused = str(error)
+print(json.dumps({"mapped": mapped, "kept": kept, "refused": refused}))
+'''
+    proc = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True, env=_vllm_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["mapped"] == [
+        "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+        "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+        "multi_modal_projector.norm.weight",
+        "language_model.model.norm.weight",
+        "language_model.lm_head.weight",
+    ]
+    assert len(got["kept"]) == 5
+    assert "model.multi_modal_projector.linear_1.qweight" in got["refused"] and "unquantized" in got["refused"]
