@@ -66,7 +66,8 @@ from transformers import GenerationConfig
 size, work, device, prompts, max_tokens = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 if size == "tiny-cpu":  # vLLM's CPU attention has no kernel for the tiny preset's head size 16: use 32
     preset = PRESETS["tiny"]
-    preset = dataclasses.replace(preset, text=dict(preset.text, num_attention_heads=2, num_key_value_heads=1))
+    preset = dataclasses.replace(preset, description=preset.description + ", 2 attention heads of 32",
+                                 text=dict(preset.text, num_attention_heads=2, num_key_value_heads=1))
 else:
     preset = PRESETS[size]
 dtype = torch.float32 if device == "cpu" else torch.bfloat16
