@@ -449,7 +449,8 @@ def find_bad_images(items: ImageRefs, check: str) -> dict[int, str]:
     bad.update(_check_chunks(to_open, lambda i: _header_problem(io.BytesIO(items.read_bytes(i)))))
     out = {}
     for i in sorted(bad):
-        out.setdefault(int(items.positions[i]), f"image {items.paths[i] or '<bytes>'}: {bad[i]}")
+        where = f"{items.paths[i] or ''} (embedded)".lstrip() if sizes[i] >= 0 else items.paths[i]
+        out.setdefault(int(items.positions[i]), f"image {where}: {bad[i]}")
     return out
 
 
