@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import resource
 import subprocess
 import sys
@@ -98,7 +99,8 @@ def train_tokenizer(workdir: str):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=32_000, special_tokens=LLAMA_SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = [scale_data._Text(__import__("random").Random(1)).sentences_(50) for _ in range(2_000)]
+    text = scale_data._Text(random.Random(1))
+    corpus = [text.sentences_(50) for _ in range(2_000)]
     corpus += scale_data.BRIEF_PROMPTS + [scale_data.SHORT_ANSWER]
     tok.train_from_iterator(corpus, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
@@ -420,6 +422,13 @@ def main(argv=None) -> int:
         print(json.dumps(phase_child(args)))
         return 0
     kinds = [k for k in args.kinds.split(",") if k]
+    name = args.name or ("collator" if args.no_phases and args.collator and not args.e2e else "scale")
+    out = os.path.join(HERE, "results", f"bench_data_{name}.json")
+
+    def write():  # after every measurement: a long run interrupted keeps what it measured
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+
     results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                            "load_average_at_start": list(os.getloadavg())},
                "command": " ".join(["python benchmarks/bench_data.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -431,8 +440,10 @@ def main(argv=None) -> int:
                 result = run_phases(args, kind, n_rows)
                 print_phases(result)
                 results["phases"].append(result)
+                write()
         if args.e2e:
             results["end_to_end"].append(end_to_end(args, kind, max(sizes)))
+            write()
     growth = {}
     for kind in kinds:
         runs = sorted((r for r in results["phases"] if r["kind"] == kind), key=lambda r: r["rows"]["read"])
@@ -450,10 +461,7 @@ def main(argv=None) -> int:
         results["collator"] = collator_bench(args)
         print("\ncollator:", json.dumps(results["collator"], indent=1))
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
-    name = args.name or ("collator" if args.no_phases and args.collator and not args.e2e else "scale")
-    out = os.path.join(HERE, "results", f"bench_data_{name}.json")
-    with open(out, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=1)
+    write()
     print(f"\nwritten {out}")
     return 0
 
