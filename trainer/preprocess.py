@@ -10,10 +10,15 @@ The prepared dataset keeps ``id``, ``messages`` and ``images`` and adds ``render
 ``spans`` (character spans of the assistant answers in it, see ``masking.py``) and ``num_tokens``. Pixels are not
 touched here: ``images`` is left undecoded (paths/bytes) and decoded batch by batch in the collator.
 
-In a multi-process run the rendering is done once per machine: ``train_stage`` calls ``prepare_dataset`` with a
-``cache_dir`` inside ``args.main_process_first()``, so the main process renders and writes the columns to a file
-named by a hash of everything they depend on (the rows, the chat template, the tokenizer), and the other processes,
-released after it, read that file.
+``train`` calls ``prepare_dataset`` with a ``cache_dir`` (under the datasets cache) inside
+``args.main_process_first()``: the main process renders and writes the columns to a file named by a hash of
+everything they depend on (the rows, the chat template, the tokenizer), the other processes of a multi-process run,
+released after it, read that file, and so does the next run with the same rows.
+
+Every pass is linear in the rows: the rendering is one ``datasets.map`` (on every core from ``PARALLEL_ROWS`` rows
+up), the token counts come from the fast tokenizer's backend, and the length and text-only filters are numpy over
+whole columns (never a datasets ``Column`` indexed row by row). A dataset with a ``select`` indices mapping is
+rendered over its underlying table (unselected rows left empty) so that its image column is never rewritten.
 """
 
 from __future__ import annotations
