@@ -82,14 +82,15 @@ class StageArguments(StageConfig):
         "help": "LLaVA JSON file(s), comma-separated (LLaVA-558K, llava_v1_5_mix665k, ...)"})
     image_folder: str | None = field(default=None, metadata={"help": "folder the rows' image paths are relative to"})
     dataset_name: str | None = field(default=None, metadata={
-        "help": "instead of --data-path: a saved dataset folder, parquet/JSON files or a Hub dataset in TRL's "
-                "messages + images format"})
+        "help": "instead of --data-path: a saved dataset folder, parquet/JSON files or a Hub dataset id, in TRL's "
+                "messages + images format or LLaVA's conversation format (lmms-lab/LLaVA-NeXT-Data, ...)"})
     dataset_split: str = field(default="train", metadata={"help": "split of --dataset-name"})
     on_bad_row: str = field(default="error", metadata={
         "help": "a malformed row: 'error' or 'skip'", "choices": ["error", "skip"]})
-    check_images: str = field(default="open", metadata={
-        "help": "check images up front: 'open' (read headers), 'exists', or 'none'",
-        "choices": ["open", "exists", "none"]})
+    check_images: str = field(default="auto", metadata={
+        "help": "check images up front: 'auto' ('open' up to 50,000 images, 'exists' above), 'open' (read every "
+                "header), 'exists' (the file is there and not empty; embedded bytes: not empty), or 'none'",
+        "choices": ["auto", "open", "exists", "none"]})
     global_batch_size: int | None = field(default=None, metadata={
         "help": "sets gradient_accumulation_steps = global / (per-device batch x processes)"})
     # the paper's ablation (Tables 4/5): applied to the model before stage 1

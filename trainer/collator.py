@@ -41,8 +41,9 @@ def _decode(image, row_id: str):
     path = image.get("path") if isinstance(image, dict) else image
     data = image.get("bytes") if isinstance(image, dict) else None
     try:
-        with Image.open(io.BytesIO(data) if data is not None else path) as opened:
-            return opened.convert("RGB")
+        opened = Image.open(io.BytesIO(data) if data is not None else path)
+        opened.load()  # decodes now (and closes the file), so that a broken image fails here, naming its row
+        return opened if opened.mode == "RGB" else opened.convert("RGB")  # an RGB image is not copied
     except Exception as err:  # PIL raises OSError, ValueError, SyntaxError, ... on broken files
         raise ImageDecodeError(
             f"row id {row_id!r}: image {path or '<bytes>'} could not be decoded ({type(err).__name__}: {err})"
@@ -148,8 +149,10 @@ class LlavaTrainingCollator:
             add_special_tokens=adds_special_tokens(self.processor, texts[0]),
             return_offsets_mapping=True,
             return_text_replacement_offsets=True,
-            return_tensors="pt",
+            return_tensors="np",  # numpy, then shared with torch: no copy of the pixels or the offsets
         )
+        batch = {key: torch.from_numpy(value) if hasattr(value, "__array__") and not isinstance(value, list)
+                 else value for key, value in batch.items()}
         self._check_lengths(batch, rows)
         batch["labels"] = self._labels(batch, rows, usable)
         batch.pop("offset_mapping")

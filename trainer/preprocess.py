@@ -10,10 +10,15 @@ The prepared dataset keeps ``id``, ``messages`` and ``images`` and adds ``render
 ``spans`` (character spans of the assistant answers in it, see ``masking.py``) and ``num_tokens``. Pixels are not
 touched here: ``images`` is left undecoded (paths/bytes) and decoded batch by batch in the collator.
 
-In a multi-process run the rendering is done once per machine: ``train_stage`` calls ``prepare_dataset`` with a
-``cache_dir`` inside ``args.main_process_first()``, so the main process renders and writes the columns to a file
-named by a hash of everything they depend on (the rows, the chat template, the tokenizer), and the other processes,
-released after it, read that file.
+``train`` calls ``prepare_dataset`` with a ``cache_dir`` (under the datasets cache) inside
+``args.main_process_first()``: the main process renders and writes the columns to a file named by a hash of
+everything they depend on (the rows, the chat template, the tokenizer), the other processes of a multi-process run,
+released after it, read that file, and so does the next run with the same rows.
+
+Every pass is linear in the rows: the rendering is one ``datasets.map`` (on every core from ``PARALLEL_ROWS`` rows
+up), the token counts come from the fast tokenizer's backend, and the length and text-only filters are numpy over
+whole columns (never a datasets ``Column`` indexed row by row). A dataset with a ``select`` indices mapping is
+rendered over its underlying table (unselected rows left empty) so that its image column is never rewritten.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import glob
 import hashlib
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 from .masking import ConversationRenderer
 
@@ -30,7 +38,9 @@ logger = logging.getLogger(__name__)
 
 TOO_LONG_POLICIES = ("drop", "error")
 MAX_LISTED = 10
-CACHE_FORMAT = "prepared-v2"  # changes whenever the rendered columns would change for the same inputs
+CACHE_FORMAT = "prepared-v3"  # changes whenever the rendered columns would change for the same inputs
+PARALLEL_ROWS = 20_000  # from this many rows up the rendering uses every core (default_num_proc)
+MAX_NUM_PROC = 8
 
 
 @dataclass
@@ -44,8 +54,9 @@ class PrepareReport:
     image_tokens_per_image: int = 0
     masking: str = ""
     longest_row_tokens: int = 0
-    cache_file: str | None = None  # multi-process runs: where the rendered columns are shared
+    cache_file: str | None = None  # where the rendered columns are kept (and shared in a multi-process run)
     read_from_cache: bool = False  # this process read them there instead of rendering
+    seconds: dict = field(default_factory=dict)  # time per phase
     examples: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -77,17 +88,49 @@ def adds_special_tokens(processor, rendered: str) -> bool:
     return not (bos is not None and rendered.startswith(bos))
 
 
-def _render_batch(batch: dict, *, renderer: ConversationRenderer, processor, per_image: int) -> dict:
-    """datasets.map function: rendered text, answer spans and token count of each row."""
+def _token_counter(processor):
+    """``(texts, add_special_tokens) -> token counts``: the fast tokenizer's Rust backend when there is one (the
+    same encoding the tokenizer's ``__call__`` returns, without building id lists), else the tokenizer."""
+    tokenizer = processor.tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_batch_fast"):
+        return _BackendCounter(backend)
+    return _TokenizerCounter(tokenizer)
+
+
+@dataclass
+class _BackendCounter:
+    backend: object
+
+    def __call__(self, texts: list[str], add_special: bool) -> list[int]:
+        return [len(encoding) for encoding in self.backend.encode_batch_fast(texts, add_special_tokens=add_special)]
+
+
+@dataclass
+class _TokenizerCounter:
+    tokenizer: object
+
+    def __call__(self, texts: list[str], add_special: bool) -> list[int]:
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
+
+
+def _render_batch(batch: dict, *, renderer: ConversationRenderer, processor, count_tokens, per_image: int) -> dict:
+    """datasets.map function: rendered text, answer spans and token count of each row (``use`` False: a row that is
+    not trained on, left empty)."""
     rendered, spans = [], []
-    for row_id, messages, n_images in zip(batch["id"], batch["messages"], batch["num_images"]):
+    for row_id, messages, n_images, use in zip(batch["id"], batch["messages"], batch["num_images"], batch["use"]):
+        if not use:
+            rendered.append("")
+            spans.append([])
+            continue
         text, row_spans = renderer.render(messages, n_images, name=f"row id {row_id!r}")
         rendered.append(text)
         spans.append([list(span) for span in row_spans])
-    add_special = adds_special_tokens(processor, rendered[0]) if rendered else False
-    token_ids = processor.tokenizer(rendered, add_special_tokens=add_special)["input_ids"]
+    first = next((text for text in rendered if text), None)
+    add_special = adds_special_tokens(processor, first) if first is not None else False
+    counts = count_tokens(rendered, add_special)
     # each image tag is one token here and becomes `per_image` tokens in the collator
-    num_tokens = [len(ids) + n * (per_image - 1) for ids, n in zip(token_ids, batch["num_images"])]
+    num_tokens = [n + k * (per_image - 1) if use else 0 for n, k, use in zip(counts, batch["num_images"], batch["use"])]
     return {"rendered": rendered, "spans": spans, "num_tokens": num_tokens}
 
 
@@ -111,6 +154,28 @@ def _cache_key(text, renderer: ConversationRenderer, processor, per_image: int) 
     return digest.hexdigest()
 
 
+def default_num_proc(n_rows: int) -> int | None:
+    """Processes for the rendering when none are asked for: every core from ``PARALLEL_ROWS`` rows up (rendering
+    is CPU-bound Python; below that, starting the processes costs more than it saves)."""
+    if n_rows < PARALLEL_ROWS:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cores, MAX_NUM_PROC) if cores > 1 else None
+
+
+def _unindexed(dataset):
+    """(the dataset without its ``select`` indices mapping, the rows it selects in order): the columns are then
+    lined up without ``flatten_indices`` (which would copy every image byte)."""
+    from datasets import Dataset
+
+    if dataset._indices is None:
+        return dataset, np.arange(len(dataset))
+    order = dataset._indices.column(0).to_numpy().astype(np.int64)
+    base = Dataset(dataset.data, info=dataset.info.copy(), split=dataset.split,
+                   fingerprint=hashlib.blake2b(f"{dataset._fingerprint}-base".encode(), digest_size=8).hexdigest())
+    return base, order
+
+
 def prepare_dataset(
     dataset,
     processor,
@@ -132,15 +197,18 @@ def prepare_dataset(
             ``"error"``: raise naming them.
         drop_text_only: drop rows without an image (stage 1: the projector sees no gradient from them).
         chat_template: a template to use instead of the processor's.
-        num_proc: processes for the rendering (``datasets.map``).
+        num_proc: processes for the rendering (``datasets.map``); ``None``: ``default_num_proc`` (every core from
+            ``PARALLEL_ROWS`` rows up).
         cache_dir: write the rendered columns to a file in this folder, named by a hash of the rows, the template and
-            the tokenizer, or read them from it when it is there (``train_stage`` sets it in multi-process runs).
+            the tokenizer, or read them from it when it is there (``train`` sets it: the next run with the same rows
+            reads them instead of rendering, and in a multi-process run the other processes read what the main
+            process wrote).
 
     Returns ``(prepared dataset, PrepareReport)``.
     """
-    from datasets import Image, List, concatenate_datasets
+    from datasets import Dataset, concatenate_datasets
 
-    from .data import count_images
+    from .data import count_images, log_phase, with_decode
 
     if on_too_long not in TOO_LONG_POLICIES:
         raise ValueError(f"on_too_long must be one of {TOO_LONG_POLICIES}, got {on_too_long!r}")
@@ -149,35 +217,49 @@ def prepare_dataset(
     report = PrepareReport(rows_in=len(dataset), max_length=max_length, image_tokens_per_image=per_image,
                            masking=renderer.method)
 
-    counts = list(count_images(dataset))
     # Only the text columns go through map: the images (maybe gigabytes of bytes) are neither decoded nor copied.
-    text = dataset.select_columns(["id", "messages"]).add_column("num_images", counts)
+    # The rows are rendered in the order of the underlying table; `use` marks the ones the dataset selects.
+    base, order = _unindexed(dataset)
+    counts = count_images(base)
+    use = np.zeros(len(base), dtype=bool)
+    use[order] = True
+    text = concatenate_datasets([base.select_columns(["id", "messages"]),
+                                 Dataset.from_dict({"num_images": counts, "use": use})], axis=1)
     cache = {}
     if cache_dir is not None:
+        start = time.perf_counter()
         key = _cache_key(text, renderer, processor, per_image)
+        report.seconds["hash"] = log_phase("rows hashed (the rendered-rows cache key)", len(text), start)
         os.makedirs(cache_dir, exist_ok=True)
         report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
         report.read_from_cache = bool(glob.glob(os.path.join(cache_dir, f"{key}*.arrow")))  # num_proc: shards
         cache = {"cache_file_name": report.cache_file, "new_fingerprint": key, "load_from_cache_file": True}
+    if num_proc is None:
+        num_proc = default_num_proc(int(use.sum()))
+    start = time.perf_counter()
     text = text.map(
         _render_batch, batched=True, batch_size=256, num_proc=num_proc,
-        fn_kwargs={"renderer": renderer, "processor": processor, "per_image": per_image},
+        fn_kwargs={"renderer": renderer, "processor": processor, "count_tokens": _token_counter(processor),
+                   "per_image": per_image},
         desc="rendering conversations", **cache,
     )
+    what = "rendered rows read from the cache" if report.read_from_cache else "rows rendered and tokenized"
+    report.seconds["render"] = log_phase(what, len(order), start)
     # decode=False: images reach the collator as paths/bytes and are decoded there, where a failure names its row
-    images = dataset.select_columns(["images"]).cast_column("images", List(Image(decode=False)))
-    prepared = concatenate_datasets([text, images], axis=1)
+    images = with_decode(base.select_columns(["images"]), "images", False)
+    prepared = concatenate_datasets([text.remove_columns(["use"]), images], axis=1)
 
-    lengths = text["num_tokens"]
-    report.longest_row_tokens = max(lengths) if lengths else 0
-    keep = list(range(len(prepared)))
+    start = time.perf_counter()
+    lengths = text.data.column("num_tokens").to_numpy()
+    report.longest_row_tokens = int(lengths[order].max()) if len(order) else 0
+    rows = order
     if drop_text_only:
-        keep = [i for i in keep if counts[i] > 0]
-        report.text_only_dropped = len(prepared) - len(keep)
+        rows = rows[counts[rows] > 0]
+        report.text_only_dropped = len(order) - len(rows)
     if max_length is not None:
-        too_long = [i for i in keep if lengths[i] > max_length]
-        if too_long:
-            ids = text.select(too_long[:MAX_LISTED])["id"]
+        too_long = rows[lengths[rows] > max_length]
+        if len(too_long):
+            ids = text.data.column("id").take(too_long[:MAX_LISTED]).to_pylist()
             listed = ", ".join(f"{row_id!r} ({lengths[i]} tokens)" for row_id, i in zip(ids, too_long))
             if on_too_long == "error":
                 raise ValueError(
@@ -190,19 +272,19 @@ def prepare_dataset(
                 len(too_long), max_length, listed,
             )
             report.examples.append(f"too long: {listed}")
-            dropped = set(too_long)
-            keep = [i for i in keep if i not in dropped]
+            rows = rows[lengths[rows] <= max_length]
             report.too_long_dropped = len(too_long)
-    if not keep:
+    if not len(rows):
         raise ValueError(f"no rows left to train on: {report.summary()}")
-    if len(keep) < len(prepared):
-        prepared = prepared.select(keep)
+    if len(rows) < len(prepared) or not np.array_equal(rows, np.arange(len(prepared))):
+        prepared = prepared.select(rows)
     report.rows_out = len(prepared)
-    report.text_only_rows = sum(1 for i in keep if counts[i] == 0)
+    report.text_only_rows = int((counts[rows] == 0).sum())
+    report.seconds["filter"] = log_phase("length and text-only filters", len(order), start)
     if report.read_from_cache:
-        logger.info("rendered rows read from %s (written by the main process)", report.cache_file)
+        logger.info("rendered rows read from %s", report.cache_file)
     logger.info("prepared: %s", report.summary())
     return prepared, report
 
 
-__all__ = ["PrepareReport", "adds_special_tokens", "image_tokens_per_image", "prepare_dataset"]
+__all__ = ["PrepareReport", "adds_special_tokens", "default_num_proc", "image_tokens_per_image", "prepare_dataset"]

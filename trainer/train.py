@@ -341,12 +341,11 @@ class PreparedStage:
 
 
 def _shared_cache_dir(args: SFTConfig) -> str | None:
-    """Where a multi-process run shares the rendered rows (the datasets cache, per machine); ``None`` alone."""
-    if args.world_size <= 1:
-        return None
-    import datasets
+    """Where the rendered rows are kept (the datasets cache, per machine): the next run with the same rows reads
+    them, and in a multi-process run the other processes read what the main process wrote."""
+    from .data import default_cache_dir
 
-    return os.path.join(datasets.config.HF_DATASETS_CACHE, "llava_normaligned_prepared")
+    return default_cache_dir("prepared")
 
 
 def _prepare_rows(dataset, processor, args, *, stage, on_too_long):
@@ -492,10 +491,11 @@ def shared_image_checker(args: SFTConfig):
 
 
 def _load_data(stage_args, image_checker):
-    from .data import load_llava_json, load_messages_dataset
+    from .data import default_cache_dir, load_llava_json, load_messages_dataset
 
     common = {"on_bad_image": stage_args.on_bad_image, "on_bad_row": stage_args.on_bad_row,
-              "check_images": stage_args.check_images, "return_report": True, "image_checker": image_checker}
+              "check_images": stage_args.check_images, "return_report": True, "image_checker": image_checker,
+              "cache_dir": default_cache_dir("loaded")}
     if stage_args.data_path:
         return load_llava_json(stage_args.data_path, stage_args.image_folder, **common)
     return load_messages_dataset(stage_args.dataset_name, split=stage_args.dataset_split, **common)
