@@ -3,6 +3,7 @@ learning rates, the norm tracking (through the Trainer's loggers and as JSON), s
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 
@@ -241,7 +242,13 @@ def test_the_stage_trainer_overrides_no_private_trainer_method():
 
     overridden = {name for name, value in vars(LlavaStageTrainer).items()
                   if callable(value) and name.startswith("_") and not name.startswith("__") and hasattr(SFTTrainer, name)}
-    assert not overridden, f"private Trainer methods overridden: {sorted(overridden)}"
+    # One private method stays overridden, pinned here: `_save` is where the Trainer writes the weights on every
+    # rank and engine (FSDP2 on CPU hands it a sharded state dict that must be gathered first, trainer/engines.py).
+    assert overridden == {"_save"}, f"private Trainer methods overridden: {sorted(overridden)}"
+    assert list(inspect.signature(SFTTrainer._save).parameters) == ["self", "output_dir", "state_dict"], (
+        "transformers changed Trainer._save: re-check LlavaStageTrainer._save")
+    source = inspect.getsource(SFTTrainer.save_model)
+    assert "self._save(" in source, "Trainer.save_model no longer calls _save: LlavaStageTrainer._save is bypassed"
     assert {"training_step", "compute_loss", "log", "create_optimizer"} <= set(vars(LlavaStageTrainer))
 
 
