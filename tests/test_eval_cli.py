@@ -40,15 +40,15 @@ def read_text(*parts) -> str:
 
 def spy_load_model(monkeypatch) -> list[dict]:
     """Record the keyword arguments `eval` passes to the real `load_model`."""
-    from llava_normaligned import inference
+    from llava_normaligned import loading
 
-    calls, real = [], inference.load_model
+    calls, real = [], loading.load_model
 
     def load_model(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(inference, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     return calls
 
 

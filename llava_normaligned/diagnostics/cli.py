@@ -57,7 +57,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _estimate_memory(args) -> int:
-    from llava_normaligned.inference import load_config
+    from llava_normaligned.loading import load_config
 
     from .memory import estimate
 

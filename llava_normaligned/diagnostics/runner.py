@@ -44,7 +44,7 @@ def _fan_out(*callbacks):
 def load(model_id: str, revision: str | None, config: DiagnoseConfig):
     """(model, processor) of a Hub id or folder; a DiagnosticsError for every way loading can fail (config, device,
     missing package, not a vision-language model)."""
-    from llava_normaligned.inference import load_config, load_model
+    from llava_normaligned.loading import load_config, load_model
 
     try:
         model_config = load_config(model_id, revision=revision, trust_remote_code=config.trust_remote_code)

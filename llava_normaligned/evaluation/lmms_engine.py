@@ -150,7 +150,7 @@ def task_entry(name: str, lmms_results: dict, n_samples: dict) -> dict | str:
 def _header(cfg: EvalConfig, lmms_version: str | None) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
-    from llava_normaligned.inference import load_config
+    from llava_normaligned.loading import load_config
 
     try:
         package_version = version("llava-normaligned")

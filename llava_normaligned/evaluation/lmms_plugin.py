@@ -98,7 +98,7 @@ class LlavaNormAligned(lmms):
             raise ValueError("llava_normaligned: load_in_4bit and load_in_8bit exclude each other")
         self.batch_size_per_gpu = 1 if str(batch_size).startswith("auto") else _positive_int("batch_size", batch_size)
         self.max_new_tokens = None if max_new_tokens is None else _positive_int("max_new_tokens", max_new_tokens)
-        from llava_normaligned.inference import load_model  # the package's one loader
+        from llava_normaligned.loading import load_model  # the package's one loader
 
         self.model, self.processor = load_model(
             str(pretrained),

@@ -97,7 +97,7 @@ def method_label(config) -> str:
 
 
 def load_evaluated_model(cfg: EvalConfig):
-    from llava_normaligned.inference import load_model
+    from llava_normaligned.loading import load_model
 
     try:
         return load_model(
