@@ -24,7 +24,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from llava_normaligned.inference import KEEP_UNQUANTIZED
+from llava_normaligned.anatomy import LLAVA_NORMALIGNED, family_of
 
 from .selfcheck import TOKEN_PATTERN, hide_local_paths, remote_code_files, require_model_folder, safetensors_header
 
@@ -39,9 +39,6 @@ BIBTEX = """@article{li2025unseenbias,
 }"""
 BASE_TAGS = ("llava", "llava-normaligned", "vision-language", "norm-alignment", "custom_code", f"arxiv:{PAPER_ARXIV}")
 
-NORM_WEIGHT = "model.multi_modal_projector.norm.weight"
-NORM_BIAS = "model.multi_modal_projector.norm.bias"
-EMBED_WEIGHT = "model.language_model.embed_tokens.weight"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
 # Keys whose values are never shown, matched whole (case-insensitive): "token" would also match
@@ -243,8 +240,15 @@ def _part(sub: dict, fallback: str) -> dict:
     return {"id": hub_id(name), "summary": f"{kind} ({source})", "type": kind}
 
 
-def _params(ckpt: Checkpoint, prefix: str) -> int:
-    return sum(math.prod(shape) for name, shape in ckpt.shapes.items() if name.startswith(prefix))
+def _family(ckpt: Checkpoint):
+    """The checkpoint's family (``llava_normaligned.anatomy``): where its parts' weights are named."""
+    return family_of(ckpt.config) or LLAVA_NORMALIGNED
+
+
+def _params(ckpt: Checkpoint, part: str | None = None) -> int:
+    """Parameters of one part (``vision_tower``, ``projector``, ``llm``), or of the whole checkpoint."""
+    family = _family(ckpt)
+    return sum(math.prod(shape) for name, shape in ckpt.shapes.items() if part is None or family.part_of(name) == part)
 
 
 def architecture_rows(ckpt: Checkpoint) -> list[tuple[str, str]]:
@@ -255,12 +259,11 @@ def architecture_rows(ckpt: Checkpoint) -> list[tuple[str, str]]:
               f"{vis.get('num_hidden_layers')} layers, {image_size} px images, patch {patch}")
     features = (f"layer {cfg.get('vision_feature_layer')}, strategy `{cfg.get('vision_feature_select_strategy')}`, "
                 f"{cfg.get('image_seq_length')} tokens per image")
-    norm = " + LayerNorm" if cfg.get("projector_norm") == "layernorm" else ", no norm"
+    norm = f" + LayerNorm ({_norm_recipe(cfg)})" if cfg.get("projector_norm") == "layernorm" else ", no norm"
     text = (f"{_part(txt, 'text')['summary']}: width D = {txt.get('hidden_size')}, "
             f"{txt.get('num_hidden_layers')} layers, vocabulary {txt.get('vocab_size')}")
-    params = (f"{_fmt(_params(ckpt, ''))} (vision {_fmt(_params(ckpt, 'model.vision_tower.'))}, projector "
-              f"{_fmt(_params(ckpt, 'model.multi_modal_projector.'))}, LLM "
-              f"{_fmt(_params(ckpt, 'model.language_model.') + _params(ckpt, 'lm_head.'))})")
+    params = (f"{_fmt(_params(ckpt))} (vision {_fmt(_params(ckpt, 'vision_tower'))}, projector "
+              f"{_fmt(_params(ckpt, 'projector'))}, LLM {_fmt(_params(ckpt, 'llm'))})")
     template = "included" if (ckpt.folder / "chat_template.jinja").is_file() else "none"
     processor = (f"{proc.get('processor_class', 'n/a')}, image token `{proc.get('image_token', 'n/a')}`, "
                  f"chat template {template}")
@@ -276,6 +279,33 @@ def architecture_rows(ckpt: Checkpoint) -> list[tuple[str, str]]:
     ]
 
 
+def _is_full_recipe(cfg: dict) -> bool:
+    """The paper's method as published: LayerNorm, gain T/√D, GWC on (§5.1)."""
+    return (cfg.get("projector_norm") == "layernorm" and cfg.get("norm_init") == "target"
+            and bool(cfg.get("gradient_compensation")))
+
+
+def _norm_recipe(cfg: dict) -> str:
+    init = "gain T/√D" if cfg.get("norm_init") == "target" else "default init, gain 1"
+    return f"{init}, GWC {'on' if cfg.get('gradient_compensation') else 'off'}"
+
+
+def projector_summary(cfg: dict) -> str:
+    """The card's headline name of the projector, from the checkpoint's config (its ablation variant)."""
+    if cfg.get("projector_norm") is None:
+        return "a 2-layer MLP projector (no norm: stock LLaVA's)"
+    if _is_full_recipe(cfg):
+        return "a 2-layer MLP projector with the paper's norm-aligning LayerNorm (gain T/√D, GWC on)"
+    return f"a 2-layer MLP projector with a LayerNorm ({_norm_recipe(cfg)}: one of the paper's ablations)"
+
+
+def method_text(cfg: dict) -> str:
+    """What the card's Method section says of this checkpoint: the fix as published, or the ablation it is."""
+    if _is_full_recipe(cfg):
+        return f"This checkpoint uses that fix as described: {variant_text(cfg)}"
+    return f"This checkpoint is one of the paper's ablations, not the fix as described: {variant_text(cfg)}"
+
+
 def variant_text(cfg: dict) -> str:
     """The checkpoint's place in the paper's ablation (Tables 4-5), from its config."""
     if cfg.get("projector_norm") is None:
@@ -288,39 +318,36 @@ def variant_text(cfg: dict) -> str:
 
 
 def norm_statistics(ckpt: Checkpoint) -> tuple[list[tuple[str, str]], dict]:
-    """Rows of the norm-statistics table and the raw numbers, from config and weights (paper §5.1)."""
-    from modeling_llava_normaligned import text_embedding_norm_target
+    """Rows of the norm-statistics table and the raw numbers, from config and weights (paper §5.1, Table 5), each
+    computed by the model's own functions (the ones compose, training and diagnose use)."""
+    from modeling_llava_normaligned import gain_init, gain_statistics, image_token_id_of, text_embedding_norm_target
 
-    cfg = ckpt.config
+    cfg, family = ckpt.config, _family(ckpt)
     d = cfg.get("text_config", {}).get("hidden_size")
     t_config = cfg.get("norm_target")
     stats: dict = {"D": d, "T_config": t_config}
     rows = [("D (LLM width)", _fmt(d))]
     rows.append(("T, mean L2 norm of the LLM's non-zero text-embedding rows, when composed (config)", _fmt(t_config)))
-    embed = _tensor(ckpt, EMBED_WEIGHT)
-    if embed is not None:
-        image_row = cfg.get("image_token_index")
-        if isinstance(image_row, int) and 0 <= image_row < embed.shape[0]:  # the image token is not text
-            embed = embed[[i for i in range(embed.shape[0]) if i != image_row]]
-        stats["T_now"] = text_embedding_norm_target(embed)
+    embed = _tensor(ckpt, family.embed_tokens_path + ".weight")
+    if embed is not None:  # the image token's row is not text: left out, as everywhere (paper §5.1)
+        stats["T_now"] = text_embedding_norm_target(embed, exclude_token_ids=(image_token_id_of(cfg),))
         rows.append(("T measured on this checkpoint's embeddings", _fmt(stats["T_now"])))
     if cfg.get("projector_norm") is None:
         rows.append(("projector norm", "none (stock LLaVA)"))
         return rows, stats
-    if t_config and d:
-        stats["g_init"] = 1.0 if cfg.get("norm_init") == "default" else t_config / math.sqrt(d)
+    if d and (t_config or cfg.get("norm_init") == "default"):
+        stats["g_init"] = gain_init(cfg.get("norm_init"), t_config, d)
         rows.append(("gain at initialisation (T/√D, or 1 for default init)", _fmt(stats["g_init"])))
-    gain, bias = _tensor(ckpt, NORM_WEIGHT), _tensor(ckpt, NORM_BIAS)
+    norm_path = family.projector_norm_path or LLAVA_NORMALIGNED.projector_norm_path
+    gain, bias = _tensor(ckpt, norm_path + ".weight"), _tensor(ckpt, norm_path + ".bias")
     if gain is not None:
-        stats["gain_mean_abs"] = float(gain.abs().mean())
-        stats["gain_l2"] = float(gain.norm())
-        stats["bias_l2"] = float(bias.norm()) if bias is not None else 0.0
-        floor = cfg.get("gradient_compensation_min") or 1e-3
-        rows.append(("mean |g| of the gain now", _fmt(stats["gain_mean_abs"])))
+        gwc_min = (cfg.get("gradient_compensation_min") or 1e-3) if cfg.get("gradient_compensation") else None
+        stats.update(gain_statistics(gain, bias, gwc_min))  # paper Table 5 (+ the GWC factor)
+        rows.append(("mean |g| of the gain now", _fmt(stats["gain_abs_mean"])))
         if "g_init" in stats:
-            rows.append(("mean |g| / initial gain", _fmt(stats["gain_mean_abs"] / stats["g_init"])))
-        if cfg.get("gradient_compensation"):
-            rows.append(("GWC factor 1/clamp(mean |g|)", _fmt(1.0 / max(stats["gain_mean_abs"], floor))))
+            rows.append(("mean |g| / initial gain", _fmt(stats["gain_abs_mean"] / stats["g_init"])))
+        if "gwc_factor" in stats:
+            rows.append(("GWC factor 1/clamp(mean |g|)", _fmt(stats["gwc_factor"])))
         # For a normalized x̂ with zero-mean, unit-variance coordinates, E‖g⊙x̂ + b‖² = ‖g‖² + ‖b‖²: the norm the
         # visual tokens leave the projector with, to compare with T.
         expected = math.sqrt(stats["gain_l2"] ** 2 + stats["bias_l2"] ** 2)
@@ -461,8 +488,6 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
     trained_rows, trained_left_out = training_rows(ckpt.training) if isinstance(ckpt.training, dict) else ([], 0)
     diag_json = _read_json(ckpt.diagnostics_dir / "diagnostics.json") if ckpt.diagnostics_dir else None
     eval_json = _read_json(ckpt.eval_dir / "results.json") if ckpt.eval_dir else None
-    projector = ("a 2-layer MLP projector with a norm-aligning LayerNorm" if cfg.get("projector_norm") == "layernorm"
-                 else "a 2-layer MLP projector (no norm)")
     context = dict(  # the template's variables
         title=options.repo_id.split("/")[-1] if options.repo_id else ckpt.folder.resolve().name,
         repo_id=options.repo_id or "<namespace>/<name>",
@@ -471,8 +496,9 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
         trained=ckpt.training is not None,
         vision=_part(cfg.get("vision_config", {}), "vision encoder"),
         text=_part(cfg.get("text_config", {}), "language model"),
-        projector={"summary": projector},
+        projector={"summary": projector_summary(cfg)},
         variant=variant_text(cfg),
+        method=method_text(cfg),
         architecture=_cells(architecture_rows(ckpt)),
         norm_rows=_cells(norm_rows),
         norm_sources="and `diagnostics/diagnostics.json`" if measured_ratios(ckpt) else "",
@@ -489,7 +515,7 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
         eval_md=embedded_markdown(ckpt.eval_dir / "results.md", "eval") if ckpt.eval_dir else None,
         eval_rows=_cells(capped(flat_rows(eval_json), "eval/results.json")),
         remote_code=remote_code_rows(ckpt),
-        quant_skip_modules=json.dumps(list(KEEP_UNQUANTIZED)),  # the modules `generate --quantization` keeps
+        quant_skip_modules=json.dumps(_family(ckpt).keep_unquantized()),  # what the package's loader keeps
         bibtex=BIBTEX,
         package_version=package_version(),
     )
@@ -590,6 +616,14 @@ def validate_on_hub(card: ModelCard) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    from llava_normaligned.cli import fail
+
+    from .selfcheck import SelfCheckError, check_checkpoint_folder
+
+    try:
+        check_checkpoint_folder(args.folder)
+    except SelfCheckError as error:  # bad input: exit 2, as argparse's own usage errors
+        return fail("card", error)
     try:
         card = render_card(args.folder, card_options(args, args.repo_id, args.revision))
         check_card(card)

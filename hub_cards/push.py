@@ -37,6 +37,7 @@ from .selfcheck import (
     SelfCheckError,
     UploadPlan,
     auto_map_entries,
+    check_checkpoint_folder,
     find_secrets,
     is_cross_repo,
     known_tokens,
@@ -356,8 +357,14 @@ def make_push_parser() -> argparse.ArgumentParser:
 
 
 def push_main(argv: list[str] | None = None) -> int:
+    from llava_normaligned.cli import fail
+
     args = make_push_parser().parse_args(argv)
     options = card_options(args)
+    try:
+        check_checkpoint_folder(args.folder)
+    except SelfCheckError as error:  # bad input: exit 2, as argparse's own usage errors
+        return fail("push", error)
     try:
         if args.dry_run:
             plan = self_check(args.folder, include=tuple(args.include), tokens=known_tokens(args.token),
@@ -399,7 +406,11 @@ def make_pull_parser() -> argparse.ArgumentParser:
 
 
 def pull_main(argv: list[str] | None = None) -> int:
+    from llava_normaligned.cli import fail
+
     args = make_pull_parser().parse_args(argv)
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return fail("pull", f"{args.repo_id}: HF_HUB_OFFLINE is set, so nothing can be downloaded; unset it to pull")
     try:
         result = pull(args.repo_id, args.revision, args.local_dir, token=args.token)
     except (PullError, ValueError) as error:

@@ -115,6 +115,18 @@ def _top(path: str) -> str:
     return path.split("/", 1)[0]
 
 
+def check_checkpoint_folder(folder: str | os.PathLike) -> None:
+    """A usage check for ``card`` and ``push``: ``folder`` exists and holds a model (``require_model_folder``).
+    Raises ``SelfCheckError`` naming the folder and what to give instead."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SelfCheckError(
+            f"{folder}: not a folder ({folder.absolute()} does not exist); give a checkpoint folder written by "
+            "compose, convert or train"
+        )
+    require_model_folder(folder)
+
+
 def require_model_folder(folder: Path) -> Path:
     """``folder/config.json``, or a ``SelfCheckError`` that says what the folder is instead (a PEFT adapter: how to
     publish its merged model)."""

@@ -7,7 +7,9 @@ modules are imported only when their subcommand runs, so ``--help`` stays fast.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
+import warnings
 
 # name -> (module, function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -23,6 +25,61 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "push": ("llava_normaligned.hub_cards.push", "push_main", "check a folder is self-contained, then push it"),
     "pull": ("llava_normaligned.hub_cards.push", "pull_main", "download a checkpoint from the Hub"),
 }
+
+
+def fail(command: str, error, code: int = 2) -> int:
+    """Report a command's error in one line on stderr, ``llava-normaligned COMMAND: error: MESSAGE`` (the message's
+    first line: the way out belongs there), and return ``code`` (2: bad input, as argparse's own usage errors)."""
+    message = str(error).strip() or type(error).__name__
+    print(f"llava-normaligned {command}: error: {message.splitlines()[0]}", file=sys.stderr)
+    return code
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+_BNB_KERNEL_NOTICE = _DropMessage("Failed to load CPU gemm_4bit_forward")
+
+
+def quiet_known_notices(argv: list[str] | None = None) -> None:
+    """Silence two notices the user did not cause, each by its exact source and message:
+
+    * bitsandbytes (``bitsandbytes.backends.cpu.ops``, at import on a CPU with AVX512-BF16) tries to fetch an
+      optional CPU kernel from the Hub's ``kernels`` package and, failing (not installed, or offline), logs "Failed to
+      load CPU gemm_4bit_forward ... pip install kernels"; it then uses its own kernel, which is what this package
+      tests with.
+    * TRL's ``SFTConfig`` defaults ``gradient_checkpointing=True`` and transformers 5 warns that the name is
+      deprecated (``activation_checkpointing``) for that default. Kept when ``argv`` (or a config file it names) sets
+      the option itself: then the warning is about the user's own flag.
+    """
+    bnb_logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    if _BNB_KERNEL_NOTICE not in bnb_logger.filters:
+        bnb_logger.addFilter(_BNB_KERNEL_NOTICE)
+    if argv is not None and not _sets_gradient_checkpointing(argv):
+        warnings.filterwarnings(
+            "ignore", message=r"`gradient_checkpointing(_kwargs)?` is deprecated", category=FutureWarning
+        )
+
+
+def _sets_gradient_checkpointing(argv: list[str]) -> bool:
+    for i, arg in enumerate(argv):
+        if "gradient_checkpointing" in arg:
+            return True
+        if arg == "--config" and i + 1 < len(argv) or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    if "gradient_checkpointing" in handle.read():
+                        return True
+            except OSError:
+                pass
+    return False
 
 
 def _usage() -> str:
@@ -48,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llava-normaligned: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, function, _ = COMMANDS[name]
+    quiet_known_notices(rest)
     module = importlib.import_module(module_name)
     result = getattr(module, function)(rest)
     return int(result or 0)

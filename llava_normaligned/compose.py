@@ -15,27 +15,15 @@ import logging
 import os
 from contextlib import contextmanager
 
-import torch
-from transformers import (
-    AutoConfig,
-    LlavaConfig,
-    AutoImageProcessor,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoProcessor,
-    AutoTokenizer,
-    LlavaForConditionalGeneration,
-    LlavaProcessor,
-)
-from transformers.initialization import no_init_weights
+from typing import TYPE_CHECKING
 
-from modeling_llava_normaligned import (
-    LlavaNormAlignedConfig,
-    LlavaNormAlignedForConditionalGeneration,
-    text_embedding_norm_target,
-)
+from .anatomy import anatomy_of
+from .cli import fail
+from .loading import TRUST_REMOTE_CODE_DEFAULT, add_trust_remote_code_flags, check_source, dtype_argument, parse_dtype
 
-from .tiny import IMAGE_TOKEN
+if TYPE_CHECKING:  # torch and transformers are imported where a model is built: `--help` does not wait for them
+    import torch
+    from transformers import LlavaForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +40,7 @@ MULTIMODAL_CONTENT_PREAMBLE = (
     "{%- if _m['content'] is string or _m['content'] is none -%}{%- set _mm.messages = _mm.messages + [_m] -%}"
     "{%- else -%}{%- set _t = namespace(text='') -%}"
     "{%- for _p in _m['content'] -%}"
-    "{%- if _p['type'] == 'image' -%}{%- set _t.text = _t.text + '" + IMAGE_TOKEN + "\\n' -%}"
+    "{%- if _p['type'] == 'image' -%}{%- set _t.text = _t.text + '" + "@IMAGE_TOKEN@" + "\\n' -%}"
     "{%- elif _p['type'] == 'text' -%}{%- set _t.text = _t.text + _p['text'] -%}{%- endif -%}"
     "{%- endfor -%}"
     "{%- set _mm.messages = _mm.messages + [{'role': _m['role'], 'content': _t.text}] -%}"
@@ -64,12 +52,16 @@ MULTIMODAL_CONTENT_PREAMBLE = (
 
 @contextmanager
 def _meta_device():
+    import torch
+
     with torch.device("meta"):
         yield
 
 
 def _adopt(dst: torch.nn.Module, src: torch.nn.Module, what: str) -> None:
     """Make ``dst`` use ``src``'s parameters and buffers (same names, same shapes): no copy, no re-initialisation."""
+    import torch
+
     src_state = dict(src.named_parameters())
     src_state.update(dict(src.named_buffers()))
     dst_names = {n for n, _ in dst.named_parameters()} | {n for n, _ in dst.named_buffers()}
@@ -95,6 +87,8 @@ def _adopt(dst: torch.nn.Module, src: torch.nn.Module, what: str) -> None:
 
 def _vision_parts(vision_model: str, revision: str | None, dtype, trust_remote_code: bool):
     """Load the vision encoder's config and weights; return (vision_config, vision module with those weights)."""
+    from transformers import AutoConfig, AutoModel
+
     config = AutoConfig.from_pretrained(vision_model, revision=revision, trust_remote_code=trust_remote_code)
     if config.model_type == "siglip2" or config.model_type == "siglip2_vision_model":
         raise ValueError(
@@ -146,6 +140,8 @@ def _select_strategy(vision_config) -> tuple[str, int]:
 
 def multimodal_chat_template(template: str | None, tokenizer) -> str | None:
     """The LM's chat template, made to accept image parts. Returned unchanged when it already renders them."""
+    from .tiny import IMAGE_TOKEN
+
     if not template:
         return None
     probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hello"}]}]
@@ -155,7 +151,7 @@ def multimodal_chat_template(template: str | None, tokenizer) -> str | None:
         rendered = ""
     if IMAGE_TOKEN in rendered and "hello" in rendered:
         return template
-    return MULTIMODAL_CONTENT_PREAMBLE + template
+    return MULTIMODAL_CONTENT_PREAMBLE.replace("@IMAGE_TOKEN@", IMAGE_TOKEN) + template
 
 
 def compose(
@@ -169,18 +165,33 @@ def compose(
     vision_feature_layer: int = -2,
     vision_feature_select_strategy: str | None = None,
     projector_hidden_act: str = "gelu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     revision: str | None = None,
     text_revision: str | None = None,
-    trust_remote_code: bool = False,
+    trust_remote_code: bool | None = TRUST_REMOTE_CODE_DEFAULT,
     seed: int = 42,
 ):
     """Build a norm-aligned LLaVA from a vision encoder and a causal LM, both with their pretrained weights.
 
     LLaVA-1.5 defaults: a 2-layer GELU MLP projector, features of the penultimate vision layer, the select strategy
-    the encoder needs (SigLIP has no CLS token). T, the mean norm of the LM's non-zero text-embedding rows, is
-    computed before the image token is added and stored in the config (paper §5.1). Returns (model, processor).
+    the encoder needs (SigLIP has no CLS token). T, the mean norm of the LM's non-zero text-embedding rows (the image
+    token's row left out, as everywhere: ``text_embedding_norm_target``), is stored in the config (paper §5.1).
+    Returns (model, processor).
     """
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer, LlavaProcessor
+
+    from modeling_llava_normaligned import (
+        LlavaNormAlignedConfig,
+        LlavaNormAlignedForConditionalGeneration,
+        text_embedding_norm_target,
+    )
+
+    from .tiny import IMAGE_TOKEN
+
+    check_source(vision_model, "vision model", revision=revision)
+    check_source(text_model, "text model", revision=text_revision)
+    dtype = parse_dtype(dtype)
     vision_config, vision_tower = _vision_parts(vision_model, revision, dtype, trust_remote_code)
     strategy, n_extra = _select_strategy(vision_config)
     strategy = vision_feature_select_strategy or strategy
@@ -188,7 +199,6 @@ def compose(
     llm = AutoModelForCausalLM.from_pretrained(
         text_model, revision=text_revision, dtype=dtype, trust_remote_code=trust_remote_code
     )
-    norm_target = text_embedding_norm_target(input_embedding_weight(llm, text_model))  # raises if every row is 0
     # One dtype for the whole model: the one asked for, else the LM's (a bf16 LLM stays bf16, and the saved
     # config says so, so from_pretrained does not silently load it back in fp32).
     model_dtype = dtype or next(llm.parameters()).dtype
@@ -200,6 +210,10 @@ def compose(
         extra_special_tokens={"image_token": IMAGE_TOKEN},
     )
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    # raises if every row is 0; the image token's row, if the LM has one already, is not text (paper §5.1)
+    norm_target = text_embedding_norm_target(
+        input_embedding_weight(llm, text_model), exclude_token_ids=(image_token_id,)
+    )
     if tokenizer.pad_token is None:  # batched generation and training need one; Llama 3 ships none
         tokenizer.pad_token = tokenizer.eos_token
     image_size, patch_size = vision_config.image_size, vision_config.patch_size
@@ -224,15 +238,16 @@ def compose(
     )
     with _meta_device():
         model = LlavaNormAlignedForConditionalGeneration(config)
-    _adopt(model.model.vision_tower, vision_tower, f"vision model {vision_model!r}")
-    _adopt(model.model.language_model, llm.base_model, f"text model {text_model!r}")
+    parts = anatomy_of(model)
+    _adopt(parts.vision_tower, vision_tower, f"vision model {vision_model!r}")
+    _adopt(parts.language_model, llm.base_model, f"text model {text_model!r}")
     if not config.tie_word_embeddings:
-        _adopt(model.lm_head, llm.get_output_embeddings(), f"text model {text_model!r} (lm_head)")
+        _adopt(model.get_output_embeddings(), llm.get_output_embeddings(), f"text model {text_model!r} (lm_head)")
     # The projector is the only new part: materialise and initialise it (LLaVA init; gain T / sqrt(D)), in fp32.
-    model.model.multi_modal_projector.to_empty(device="cpu").float()
+    parts.projector.to_empty(device="cpu").float()
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    for module in model.model.multi_modal_projector.modules():
+    for module in parts.projector.modules():
         model._init_weights(module)
     torch.random.set_rng_state(generator_state)
     model.to(model_dtype)
@@ -277,6 +292,17 @@ def convert_from_llava(
 ):
     """Turn a stock ``LlavaForConditionalGeneration`` checkpoint (legacy or current key layout) into a norm-aligned
     one. Every stock weight must be present; only the new norm is initialised. Returns (model, processor)."""
+    import torch
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from modeling_llava_normaligned import (
+        LlavaNormAlignedConfig,
+        LlavaNormAlignedForConditionalGeneration,
+        model_norm_target,
+    )
+
+    check_source(source, "stock LLaVA checkpoint", revision=revision)
+    dtype = parse_dtype(dtype)
     stock, info = LlavaForConditionalGeneration.from_pretrained(
         source, revision=revision, dtype=dtype, output_loading_info=True
     )
@@ -289,26 +315,27 @@ def convert_from_llava(
     config = LlavaNormAlignedConfig(
         **stock_config,
         projector_norm=projector_norm,
-        norm_target=text_embedding_norm_target(stock.get_input_embeddings().weight),
+        norm_target=model_norm_target(stock),  # the image token's row left out (paper §5.1)
         norm_init=norm_init,
         gradient_compensation=gradient_compensation,
         gradient_compensation_min=gradient_compensation_min,
     )
     with _meta_device():
         model = LlavaNormAlignedForConditionalGeneration(config)
-    _adopt(model.model.vision_tower, stock.model.vision_tower, f"{source} (vision tower)")
-    _adopt(model.model.language_model, stock.model.language_model, f"{source} (language model)")
+    parts, stock_parts = anatomy_of(model), anatomy_of(stock, source)
+    _adopt(parts.vision_tower, stock_parts.vision_tower, f"{source} (vision tower)")
+    _adopt(parts.language_model, stock_parts.language_model, f"{source} (language model)")
     if not config.tie_word_embeddings:
-        _adopt(model.lm_head, stock.lm_head, f"{source} (lm_head)")
-    projector = model.model.multi_modal_projector
-    stock_projector_params = dict(stock.model.multi_modal_projector.named_parameters())
+        _adopt(model.get_output_embeddings(), stock.get_output_embeddings(), f"{source} (lm_head)")
+    projector = parts.projector
+    stock_projector_params = dict(stock_parts.projector.named_parameters())
     projector.to_empty(device="cpu").to(next(stock.parameters()).dtype)
     with torch.no_grad():
         for name, param in projector.named_parameters():
             if name.startswith("norm."):
                 continue
             if name not in stock_projector_params:
-                raise _missing_weight_error(source, [f"model.multi_modal_projector.{name}"])
+                raise _missing_weight_error(source, [f"{parts.family.projector}.{name}"])
             param.copy_(stock_projector_params[name])
     if projector.norm is not None:
         model._init_weights(projector.norm)
@@ -323,12 +350,16 @@ def stock_llava_like(model) -> LlavaForConditionalGeneration:
     """Stock transformers ``LlavaForConditionalGeneration`` with the same configuration and weights as a
     norm-aligned ``model``, minus the projector norm: the baseline of every comparison (tests, benchmarks, demo).
     With ``projector_norm=None`` the two compute the same logits."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+    from transformers.initialization import no_init_weights
+
     config = model.config.to_dict()
     for key in (*NORM_FIELDS, "norm_target", "model_type", "architectures", "auto_map", "transformers_version"):
         config.pop(key, None)
     with no_init_weights():
         stock = LlavaForConditionalGeneration(LlavaConfig(**config))
-    state = {k: v for k, v in model.state_dict().items() if "multi_modal_projector.norm." not in k}
+    norm_path = anatomy_of(model).family.projector_norm_path
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(norm_path + ".")}
     stock.load_state_dict(state, strict=True)
     return stock.to(model.dtype).train(model.training)
 
@@ -341,17 +372,6 @@ def save(model, processor, output_dir: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------- CLI
-
-
-def parse_dtype(name: str) -> torch.dtype | None:
-    """An argparse ``type``: "auto" -> None (as stored), else a torch floating dtype by name (bf16/fp16/fp32 too)."""
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-    if name == "auto":
-        return None
-    value = getattr(torch, aliases.get(name, name), None)
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise argparse.ArgumentTypeError(f"unknown floating dtype {name!r} (try bfloat16, float16, float32 or auto)")
-    return value
 
 
 def _add_norm_options(parser: argparse.ArgumentParser) -> None:
@@ -370,7 +390,7 @@ def _add_norm_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--gradient-compensation-min", type=float, default=1e-3, help="GWC clamp (default 1e-3)")
     parser.add_argument(
-        "--dtype", type=parse_dtype, default=None,
+        "--dtype", type=dtype_argument, default=None,
         help="dtype to build and save in: bfloat16, float16, float32 (default: the language model's)",
     )
     parser.add_argument("--output-dir", required=True, help="folder to write the model and processor to")
@@ -396,7 +416,7 @@ def make_compose_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vision-revision", default=None)
     parser.add_argument("--text-revision", default=None)
     parser.add_argument("--vision-feature-layer", type=int, default=-2, help="default -2 (LLaVA-1.5)")
-    parser.add_argument("--trust-remote-code", action="store_true")
+    add_trust_remote_code_flags(parser)
     _add_norm_options(parser)
     return parser
 
@@ -414,16 +434,19 @@ def make_convert_parser() -> argparse.ArgumentParser:
 
 def compose_main(argv: list[str] | None = None) -> int:
     args = make_compose_parser().parse_args(argv)
-    model, processor = compose(
-        args.vision_model,
-        args.text_model,
-        vision_feature_layer=args.vision_feature_layer,
-        dtype=args.dtype,
-        revision=args.vision_revision,
-        text_revision=args.text_revision,
-        trust_remote_code=args.trust_remote_code,
-        **_norm_kwargs(args),
-    )
+    try:
+        model, processor = compose(
+            args.vision_model,
+            args.text_model,
+            vision_feature_layer=args.vision_feature_layer,
+            dtype=args.dtype,
+            revision=args.vision_revision,
+            text_revision=args.text_revision,
+            trust_remote_code=args.trust_remote_code,
+            **_norm_kwargs(args),
+        )
+    except (OSError, ValueError) as error:  # a model that is not there, or not one compose can take
+        return fail("compose", error)
     save(model, processor, args.output_dir)
     _report(model, args.output_dir)
     return 0
@@ -431,18 +454,23 @@ def compose_main(argv: list[str] | None = None) -> int:
 
 def convert_main(argv: list[str] | None = None) -> int:
     args = make_convert_parser().parse_args(argv)
-    model, processor = convert_from_llava(
-        args.from_llava, dtype=args.dtype, revision=args.revision, **_norm_kwargs(args)
-    )
+    try:
+        model, processor = convert_from_llava(
+            args.from_llava, dtype=args.dtype, revision=args.revision, **_norm_kwargs(args)
+        )
+    except (OSError, ValueError) as error:
+        return fail("convert", error)
     save(model, processor, args.output_dir)
     _report(model, args.output_dir)
     return 0
 
 
 def _report(model, output_dir: str) -> None:
+    from modeling_llava_normaligned import gain_statistics
+
     cfg = model.config
-    norm = model.model.multi_modal_projector.norm
-    gain = "n/a" if norm is None else f"{float(norm.weight.detach().float().abs().mean()):.5f}"
+    norm = anatomy_of(model).projector_norm
+    gain = "n/a" if norm is None else f"{gain_statistics(norm.weight, norm.bias)['gain_abs_mean']:.5f}"
     print(
         f"wrote {output_dir}: projector_norm={cfg.projector_norm} norm_init={cfg.norm_init} "
         f"T={cfg.norm_target:.4f} D={cfg.text_config.hidden_size} mean|gain|={gain} "

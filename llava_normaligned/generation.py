@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from .anatomy import vision_dtype
+
 ImageLike = Image.Image | str | os.PathLike
 
 
@@ -97,17 +99,6 @@ def render_prompt(processor, prompt: str, n_images: int, system: str | None = No
 # -------------------------------------------------------------------------------------------------- generation
 
 
-def _vision_dtype(model) -> torch.dtype:
-    """The dtype pixel values must have: that of the vision tower (a quantized model's ``dtype`` can mislead)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel wraps the model
-    tower = getattr(getattr(base, "model", base), "vision_tower", None)
-    if tower is not None:
-        for param in tower.parameters():
-            if param.is_floating_point():
-                return param.dtype
-    return model.dtype
-
-
 def _padding_token(tokenizer) -> str | None:
     """The token to pad with when the tokenizer has none (Llama-3's): its EOS. Padding positions are masked out, so
     which token fills them does not change the answers. None when the tokenizer has a pad token."""
@@ -139,7 +130,7 @@ def prepare_inputs(model, processor, prompts: Sequence[str], images: list[list[I
             tokenizer.pad_token = None
     inputs = inputs.to(model.device)
     if "pixel_values" in inputs:
-        inputs["pixel_values"] = inputs["pixel_values"].to(_vision_dtype(model))
+        inputs["pixel_values"] = inputs["pixel_values"].to(vision_dtype(model))
     return inputs
 
 

@@ -8,15 +8,10 @@ not installed. Only the two sibling files travel to the Hub; this ``__init__`` i
 
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText
 
+from . import modeling_llava_normaligned as _modeling
 from .configuration_llava_normaligned import AUTO_MAP, LlavaNormAlignedConfig
-from .modeling_llava_normaligned import (
-    LlavaNormAlignedForConditionalGeneration,
-    LlavaNormAlignedModel,
-    LlavaNormAlignedPreTrainedModel,
-    NormAlignedLayerNorm,
-    norm_gain_init,
-    text_embedding_norm_target,
-)
+from .modeling_llava_normaligned import *  # noqa: F403  (the model classes and the paper's quantities: its __all__)
+from .modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, LlavaNormAlignedModel
 
 # The files that make up the remote code of a checkpoint.
 REMOTE_CODE_FILES = ("configuration_llava_normaligned.py", "modeling_llava_normaligned.py")
@@ -36,15 +31,4 @@ def register_auto_classes() -> None:
 
 register_auto_classes()
 
-__all__ = [
-    "AUTO_MAP",
-    "REMOTE_CODE_FILES",
-    "LlavaNormAlignedConfig",
-    "LlavaNormAlignedForConditionalGeneration",
-    "LlavaNormAlignedModel",
-    "LlavaNormAlignedPreTrainedModel",
-    "NormAlignedLayerNorm",
-    "norm_gain_init",
-    "register_auto_classes",
-    "text_embedding_norm_target",
-]
+__all__ = ["AUTO_MAP", "REMOTE_CODE_FILES", "LlavaNormAlignedConfig", "register_auto_classes", *_modeling.__all__]

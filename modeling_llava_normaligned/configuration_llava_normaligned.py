@@ -68,3 +68,17 @@ class LlavaNormAlignedConfig(LlavaConfig):
 
 
 __all__ = ["LlavaNormAlignedConfig"]
+
+
+def _register_model_type() -> None:
+    """Make ``model_type = "llava_normaligned"`` known to ``AutoConfig`` in this process once this file is imported,
+    as this package's ``__init__`` does, and as remote code too (``from_pretrained(..., trust_remote_code=True)``
+    imports it). ``AutoTokenizer`` reads the folder's ``config.json``, so without this the processor loaded after the
+    model (``AutoProcessor.from_pretrained(folder)``, which needs no remote code) would ask again whether to run the
+    folder's code for a model type it does not know."""
+    from transformers import AutoConfig
+
+    AutoConfig.register(LlavaNormAlignedConfig.model_type, LlavaNormAlignedConfig, exist_ok=True)
+
+
+_register_model_type()

@@ -33,28 +33,102 @@ logger = logging.get_logger(__name__)
 TEXT_NORM_EPS = 1e-6
 
 
+# ------------------------------------------------------------------------------ the paper's quantities (one home)
+# Every command of the package (compose, convert, train's norm tracking, the model card, diagnose) computes T, the
+# gain init, the GWC factor and the Table 5 statistics with these functions, and so does the Hub copy of this file.
+
+
 @torch.no_grad()
-def text_embedding_norm_target(embedding_weight: torch.Tensor, eps: float = TEXT_NORM_EPS) -> float:
-    """T: the mean L2 norm of the embedding rows whose norm exceeds ``eps`` (paper §5.1)."""
+def embedding_row_norms(embedding_weight: torch.Tensor) -> torch.Tensor:
+    """(V,) float32 L2 norms of the rows of a (V, D) embedding table, computed in chunks: a float32 copy of a whole
+    150k x 3584 table would cost 2 GB."""
+    return torch.cat([rows.float().norm(dim=-1) for rows in embedding_weight.detach().split(16384)])
+
+
+@torch.no_grad()
+def text_embedding_norm_target(
+    embedding_weight: torch.Tensor, eps: float = TEXT_NORM_EPS, exclude_token_ids=()
+) -> float:
+    """T: the mean L2 norm of the text-embedding rows whose norm exceeds ``eps`` (paper §5.1).
+
+    ``exclude_token_ids``: rows left out, meant for the image placeholder token (``config.image_token_id``). Its row
+    is never an input of the LLM: ``get_image_features`` replaces every placeholder position with a visual token
+    before the first decoder layer, so it is not a text embedding, and it is not there at all in the LM an image
+    token is added to. Leaving it out makes T the same number whether it is measured before the token is added
+    (``compose``), on a stock LLaVA that has it (``convert``), or on any checkpoint later (training logs, the card,
+    ``diagnose``). Ids outside the table are ignored. Every other row counts, added special tokens included (a pad
+    or chat-template token is a text input); rows of norm <= eps (padding, never-trained rows) are dropped.
+    """
     if embedding_weight is None or embedding_weight.ndim != 2 or embedding_weight.numel() == 0:
         raise ValueError("text embeddings: expected a non-empty (vocab_size, hidden_size) matrix to compute T from")
     if embedding_weight.device.type == "meta":
         raise ValueError("text embeddings are on the meta device (not loaded): cannot compute T from them")
-    # (V,), in chunks: a float32 copy of a whole 150k x 3584 table would cost 2 GB
-    norms = torch.cat([rows.float().norm(dim=-1) for rows in embedding_weight.detach().split(16384)])
-    kept = norms[norms > eps]
-    if kept.numel() == 0:
+    norms = embedding_row_norms(embedding_weight)  # (V,)
+    kept = norms > eps
+    for token_id in exclude_token_ids or ():
+        if token_id is not None and 0 <= int(token_id) < norms.numel():
+            kept[int(token_id)] = False
+    if not kept.any():
         raise ValueError(f"text embeddings: every row has L2 norm <= {eps}; T (paper §5.1) is undefined")
-    return float(kept.mean())
+    return float(norms[kept].mean())
+
+
+def image_token_id_of(config) -> int | None:
+    """The image placeholder token of a LLaVA config (``image_token_id``; ``image_token_index`` in older configs)."""
+    for key in ("image_token_id", "image_token_index"):
+        value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def model_norm_target(model) -> float:
+    """T of a LLaVA-style model (this one or stock): its input embeddings, without the image token's row."""
+    return text_embedding_norm_target(
+        model.get_input_embeddings().weight, exclude_token_ids=(image_token_id_of(model.config),)
+    )
+
+
+def gain_init(norm_init: str, norm_target: float | None, hidden_size: int) -> float:
+    """The initial gain of the projector norm: T / sqrt(D) (paper §5.1) or 1 (paper Table 5, "Default Init")."""
+    if norm_init == "default":
+        return 1.0
+    if norm_target is None:
+        raise ValueError("norm_target (T) is not set: compose the model with `compose` or pass norm_target=")
+    return norm_target / math.sqrt(hidden_size)  # paper §5.1: g_init = T / sqrt(D)
 
 
 def norm_gain_init(config: LlavaNormAlignedConfig) -> float:
-    """The initial gain of the projector norm: T / sqrt(D) (paper §5.1) or 1 (paper Table 5, "Default Init")."""
-    if config.norm_init == "default":
-        return 1.0
-    if config.norm_target is None:
-        raise ValueError("norm_target (T) is not set: compose the model with `compose` or pass norm_target=")
-    return config.norm_target / math.sqrt(config.text_config.hidden_size)
+    """``gain_init`` of a config: its ``norm_init``, ``norm_target`` and LLM width."""
+    return gain_init(config.norm_init, config.norm_target, config.text_config.hidden_size)
+
+
+def compensation_factor(gain: torch.Tensor, clamp_min: float) -> torch.Tensor:
+    """GWC's factor 1 / clamp(mean |g|, delta) (paper §5.1), as a 0-d tensor of at least float32 precision."""
+    gain = gain.detach()
+    gain = gain.to(torch.promote_types(gain.dtype, torch.float32))  # bf16/fp16 gains: reduce in fp32
+    return gain.abs().mean().clamp_min(clamp_min).reciprocal()
+
+
+@torch.no_grad()
+def gain_statistics(gain: torch.Tensor, bias: torch.Tensor | None, compensation_min: float | None = None) -> dict:
+    """Paper Table 5's statistics of the projector norm: ``gain_l2`` (||g||_2), ``gain_abs_mean`` / ``gain_abs_std``
+    (mean and std of |g|), ``bias_abs_mean`` / ``bias_abs_std`` (of |b|), plus ``bias_l2``; with
+    ``compensation_min`` (GWC on), ``gwc_factor`` = 1 / clamp(mean |g|, compensation_min) (paper §5.1). One set of
+    key names for the training summary, the norm tracking and the model card."""
+    gain = gain.detach().float()
+    bias = torch.zeros_like(gain) if bias is None else bias.detach().float()
+    stats = {
+        "gain_l2": float(gain.norm()),
+        "gain_abs_mean": float(gain.abs().mean()),
+        "gain_abs_std": float(gain.abs().std()) if gain.numel() > 1 else 0.0,
+        "bias_l2": float(bias.norm()),
+        "bias_abs_mean": float(bias.abs().mean()),
+        "bias_abs_std": float(bias.abs().std()) if bias.numel() > 1 else 0.0,
+    }
+    if compensation_min is not None:
+        stats["gwc_factor"] = float(compensation_factor(gain, compensation_min))
+    return stats
 
 
 class _CompensateGradient(torch.autograd.Function):
@@ -74,13 +148,6 @@ class _CompensateGradient(torch.autograd.Function):
     def backward(ctx, grad_output):
         (gain,) = ctx.saved_tensors
         return grad_output * compensation_factor(gain, ctx.clamp_min).to(grad_output.dtype), None, None
-
-
-def compensation_factor(gain: torch.Tensor, clamp_min: float) -> torch.Tensor:
-    """GWC's factor 1 / clamp(mean |g|, delta) (paper §5.1), as a 0-d tensor of at least float32 precision."""
-    gain = gain.detach()
-    gain = gain.to(torch.promote_types(gain.dtype, torch.float32))  # bf16/fp16 gains: reduce in fp32
-    return gain.abs().mean().clamp_min(clamp_min).reciprocal()
 
 
 class NormAlignedLayerNorm(nn.LayerNorm):
@@ -131,8 +198,13 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
         return hidden_states
 
 
+# Where the norm sits, relative to the base model. This file cannot import the package's anatomy module
+# (llava_normaligned/anatomy.py, which describes the same path for every command), so it keeps its own.
+PROJECTOR_NORM_PATH = "multi_modal_projector.norm"
+
+
 def _is_norm_key(key: str) -> bool:
-    return "multi_modal_projector.norm." in key
+    return PROJECTOR_NORM_PATH + "." in key
 
 
 class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
@@ -163,7 +235,7 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
                 "checkpoint %r has no projector norm weights: the norm was initialised (norm_init=%r, gain %.4g)",
                 args[0] if args else kwargs.get("pretrained_model_name_or_path"),
                 model.config.norm_init,
-                float(model._projector_norm().weight.detach().float().abs().mean()),
+                gain_statistics(model.get_projector_norm().weight, None)["gain_abs_mean"],
             )
         return (model, info) if want_info else model
 
@@ -178,23 +250,22 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
 
     @torch.no_grad()
     def initialize_weights(self):
-        norm = self._projector_norm()
+        norm = self.get_projector_norm()
         norm_was_set = norm is not None and getattr(norm.weight, "_is_hf_initialized", False)
         super().initialize_weights()
         if norm is None or norm_was_set or self.config.norm_target is not None:
             return
         # T was not given: take it from the embeddings, which are initialised (or loaded) by now.
-        embeddings = self.get_input_embeddings().weight
-        if embeddings.device.type == "meta":
+        if self.get_input_embeddings().weight.device.type == "meta":
             return
-        self.config.norm_target = text_embedding_norm_target(embeddings)
+        self.config.norm_target = model_norm_target(self)
         norm.weight.fill_(norm_gain_init(self.config))
         norm.bias.zero_()
 
-    def _projector_norm(self) -> NormAlignedLayerNorm | None:
+    def get_projector_norm(self) -> NormAlignedLayerNorm | None:
+        """The projector's aligned LayerNorm; None for the "w/o Norm" variant (or while the base is not built)."""
         base = self if isinstance(self, LlavaNormAlignedModel) else getattr(self, self.base_model_prefix, None)
-        projector = getattr(base, "multi_modal_projector", None)
-        return getattr(projector, "norm", None)
+        return None if base is None else base.get_submodule(PROJECTOR_NORM_PATH.rpartition(".")[0]).norm
 
 
 class LlavaNormAlignedModel(LlavaNormAlignedPreTrainedModel, LlavaModel):
@@ -219,6 +290,14 @@ class LlavaNormAlignedForConditionalGeneration(LlavaNormAlignedPreTrainedModel, 
 
 
 __all__ = [
+    "TEXT_NORM_EPS",
+    "compensation_factor",
+    "embedding_row_norms",
+    "gain_init",
+    "gain_statistics",
+    "image_token_id_of",
+    "model_norm_target",
+    "norm_gain_init",
     "LlavaNormAlignedForConditionalGeneration",
     "LlavaNormAlignedModel",
     "LlavaNormAlignedPreTrainedModel",

@@ -111,7 +111,7 @@ def test_norm_statistics_come_from_the_weights(folder):
     _, stats = norm_statistics(read_checkpoint(folder))
     assert stats["T_config"] == config.norm_target and stats["D"] == config.text_config.hidden_size
     assert stats["g_init"] == pytest.approx(config.norm_target / math.sqrt(config.text_config.hidden_size))
-    assert stats["gain_mean_abs"] == pytest.approx(float(gain.abs().mean()), rel=1e-6)
+    assert stats["gain_abs_mean"] == pytest.approx(float(gain.abs().mean()), rel=1e-6)
     embed = model.get_input_embeddings().weight.detach()
     text_rows = torch.cat([embed[: config.image_token_index], embed[config.image_token_index + 1:]])
     assert stats["T_now"] == pytest.approx(text_embedding_norm_target(text_rows), rel=1e-6)
@@ -122,9 +122,9 @@ def test_norm_statistics_come_from_the_weights(folder):
     weights[NORM_GAIN] = weights[NORM_GAIN] * 3
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     rows, scaled = norm_statistics(read_checkpoint(folder))
-    assert scaled["gain_mean_abs"] == pytest.approx(3 * stats["gain_mean_abs"], rel=1e-6)
+    assert scaled["gain_abs_mean"] == pytest.approx(3 * stats["gain_abs_mean"], rel=1e-6)
     assert scaled["ratio_expected"] == pytest.approx(3 * stats["ratio_expected"], rel=1e-5)
-    assert ("mean |g| / initial gain", f"{scaled['gain_mean_abs'] / scaled['g_init']:.6g}") in rows
+    assert ("mean |g| / initial gain", f"{scaled['gain_abs_mean'] / scaled['g_init']:.6g}") in rows
 
 
 def test_base_model_is_the_llm_and_a_list_can_be_given(folder):
@@ -195,7 +195,7 @@ def test_secrets_are_redacted_by_key_name_and_by_value_shape():
 
 def write_records(root, diag_dir, eval_dir):
     (root / "norm_tracking.json").write_text(json.dumps(
-        [{"step": s, "gain_mean_abs": 0.02 + s / 1000, "vision_text_ratio": 1 + s / 100} for s in range(0, 50, 10)]
+        [{"step": s, "gain_abs_mean": 0.02 + s / 1000, "vision_text_ratio": 1 + s / 100} for s in range(0, 50, 10)]
     ))
     diag_dir.mkdir(parents=True, exist_ok=True)
     (diag_dir / "summary.md").write_text(
@@ -211,7 +211,7 @@ def write_records(root, diag_dir, eval_dir):
 def test_diagnostics_and_evaluation_records_are_reported_without_local_paths(folder):
     write_records(folder, folder / "diagnostics", folder / "eval")
     text = str(render_card(folder))
-    assert "| step | gain_mean_abs | vision_text_ratio |" in text and "| 40 | 0.06 | 1.4 |" in text  # last record
+    assert "| step | gain_abs_mean | vision_text_ratio |" in text and "| 40 | 0.06 | 1.4 |" in text  # last record
     assert "### Diagnostics" in text and "](diagnostics/norms.png)" in text  # demoted, link follows the upload
     assert "Model `llava-na-3b` on 8 images" in text and "/home/alice" not in text  # the path cut to its name
     assert "https://huggingface.co/docs/hub" in text  # URLs are not local paths
@@ -251,10 +251,24 @@ def test_the_card_names_the_ablation_variant(fields, expected):
     assert expected in variant_text(fields)
 
 
+def test_headline_and_method_describe_the_checkpoint_s_own_variant(folder):
+    """A "default init, GWC off" checkpoint (the demo's best model in one run) is not sold as the paper's fix."""
+    full = str(render_card(folder))
+    head, method = full.split("## Usage")[0], full[full.index("## Method"): full.index("## Model")]
+    assert "norm-aligning LayerNorm (gain T/√D, GWC on)" in head and "uses that fix as described" in method
+    edit_json(folder / "config.json", norm_init="default", gradient_compensation=False)
+    text = str(render_card(folder))
+    head, method = text.split("## Usage")[0], text[text.index("## Method"): text.index("## Model")]
+    assert "a LayerNorm (default init, gain 1, GWC off: one of the paper's ablations)" in head
+    assert "T/√D" not in head and "uses that fix" not in method
+    assert "one of the paper's ablations, not the fix as described" in method
+    assert "gain initialised to 1" in method and "Global Weight Compensation off" in method
+
+
 def test_stock_variant_card_has_no_gain_rows(folder):
     edit_json(folder / "config.json", projector_norm=None)
     rows, stats = norm_statistics(read_checkpoint(folder))
-    assert ("projector norm", "none (stock LLaVA)") in rows and "gain_mean_abs" not in stats
+    assert ("projector norm", "none (stock LLaVA)") in rows and "gain_abs_mean" not in stats
 
 
 def test_metadata_checks_local_and_by_a_hub_api(tiny_model_dir, tmp_path, monkeypatch):
@@ -290,10 +304,13 @@ def test_card_command_writes_the_readme(folder, capsys):
 
 
 def test_card_command_reports_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
-    assert main([str(tmp_path)]) == 1
-    assert f"{tmp_path}: no config.json" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2  # bad input
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: no config.json" in err and len(err.strip().splitlines()) == 1
+    assert main([str(tmp_path / "nope")]) == 2
+    assert "not a folder" in capsys.readouterr().err
     (tmp_path / "adapter_config.json").write_text("{}")
-    assert main([str(tmp_path)]) == 1
+    assert main([str(tmp_path)]) == 2
     assert "a PEFT adapter" in capsys.readouterr().err
 
 

@@ -27,7 +27,7 @@ from isolation import run_isolated
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.compose import compose, convert_from_llava, input_embedding_weight, save, stock_llava_like
 from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, save_tiny_parts
-from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, text_embedding_norm_target
+from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, model_norm_target, text_embedding_norm_target
 
 
 def _inputs(processor, n_images=1, question="what colour is the shape"):
@@ -257,7 +257,7 @@ def test_convert_from_stock_llava(stock_llava_dir, layout, tmp_path):
 
     model, processor = convert_from_llava(str(folder))
     norm = model.model.multi_modal_projector.norm
-    T = text_embedding_norm_target(stock.get_input_embeddings().weight)
+    T = model_norm_target(stock)
     assert model.config.norm_target == pytest.approx(T)
     assert torch.allclose(norm.weight, torch.full_like(norm.weight, T / model.config.text_config.hidden_size ** 0.5))
     for name, param in stock.state_dict().items():

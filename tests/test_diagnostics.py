@@ -425,7 +425,7 @@ def test_a_model_it_cannot_probe_is_a_clear_error(tiny_parts, tiny_model, tmp_pa
     assert rc == 2
     assert "not a vision-language model" in capsys.readouterr().err
     del tiny_model.model.multi_modal_projector
-    with pytest.raises(DiagnosticsError, match=r"no model\.model\.multi_modal_projector"):
+    with pytest.raises(DiagnosticsError, match=r"no model\.multi_modal_projector"):
         locate(tiny_model, "tiny")
 
 
@@ -438,7 +438,7 @@ def test_loading_errors_exit_2_with_the_message(tiny_model_dir, tmp_path, capsys
         assert main([tiny_model_dir, "--device", "cuda", "--output-dir", out, "--no-plots"]) == 2
         assert "'cuda' was requested but is not available" in capsys.readouterr().err
     assert main(["./no/such/model", "--estimate-memory"]) == 2
-    assert "model folder not found: ./no/such/model" in capsys.readouterr().err
+    assert "model './no/such/model': no such folder" in capsys.readouterr().err
     assert main([tiny_model_dir, "--estimate-memory", "--dtype", "float8"]) == 2
     assert "--dtype" in capsys.readouterr().err
     assert not os.path.exists(out)

@@ -436,10 +436,10 @@ def test_push_dry_run_prints_the_plan_and_uploads_nothing(folder, capsys):
     assert "- notes.txt  (not needed" in out and "nothing uploaded" in out
 
 
-def test_push_cli_reports_a_bad_folder_with_exit_code_1(tmp_path, capsys):
-    assert push_main([str(tmp_path / "missing"), "--repo-id", "alice/x", "--dry-run"]) == 1
+def test_push_cli_reports_a_bad_folder_with_exit_code_2(tmp_path, capsys):
+    assert push_main([str(tmp_path / "missing"), "--repo-id", "alice/x", "--dry-run"]) == 2
     assert "not a folder" in capsys.readouterr().err
-    assert push_main([str(tmp_path), "--repo-id", "not-a-repo-id"]) == 1
+    assert push_main([str(tmp_path), "--repo-id", "not-a-repo-id"]) == 2
 
 
 def test_python_files_outside_the_remote_code_are_left_out(folder):
@@ -574,7 +574,7 @@ def test_a_peft_adapter_folder_is_refused_with_the_way_to_publish_it(tiny_model_
     AutoProcessor.from_pretrained(tiny_model_dir).save_pretrained(adapter)
     with pytest.raises(SelfCheckError, match=r"a PEFT adapter .*--merge-adapter"):
         self_check(adapter, load=False)
-    assert push_main([str(adapter), "--repo-id", "alice/lora", "--dry-run"]) == 1
+    assert push_main([str(adapter), "--repo-id", "alice/lora", "--dry-run"]) == 2
     assert "a PEFT adapter" in capsys.readouterr().err
     # With the merged model next to it (--merge-adapter), the message names it, and it passes.
     model.merge_and_unload().save_pretrained(adapter / "merged")

@@ -14,6 +14,7 @@ from modeling_llava_normaligned import (
     LlavaNormAlignedForConditionalGeneration,
     LlavaNormAlignedModel,
     NormAlignedLayerNorm,
+    model_norm_target,
     text_embedding_norm_target,
 )
 
@@ -131,7 +132,7 @@ def _projected_norms(model, pixel_values):
 def test_target_init_puts_projector_outputs_at_text_norm(seed):
     model = LlavaNormAlignedForConditionalGeneration(make_config()).eval()
     T = model.config.norm_target
-    assert T == pytest.approx(text_embedding_norm_target(model.get_input_embeddings().weight))
+    assert T == pytest.approx(model_norm_target(model))  # the image token's row left out (paper §5.1)
     gain = model.model.multi_modal_projector.norm.weight
     assert torch.allclose(gain, torch.full_like(gain, T / math.sqrt(TEXT["hidden_size"])))  # paper §5.1
     norms = _projected_norms(model, make_inputs()[1])

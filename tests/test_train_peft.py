@@ -9,7 +9,7 @@ import pytest
 import torch
 from llava_normaligned.trainer.collator import LlavaTrainingCollator
 from llava_normaligned.trainer.data import load_llava_json
-from llava_normaligned.trainer.loading import load_checkpoint, quantization_config
+from llava_normaligned.trainer.loading import load_checkpoint
 from llava_normaligned.trainer.lora import stage2_lora_config
 from llava_normaligned.trainer.preprocess import prepare_dataset
 from llava_normaligned.trainer.train import train_stage
@@ -66,7 +66,7 @@ def test_lora_trains_adapters_and_the_full_projector_and_saves_them(tiny_model_d
 def test_qlora_on_cpu_quantizes_only_the_llm_and_trains(tiny_model_dir, tiny_processor, dataset, tmp_path):
     import bitsandbytes as bnb
 
-    model, _ = load_checkpoint(tiny_model_dir, quantization=quantization_config(4))
+    model, _ = load_checkpoint(tiny_model_dir, quantization="4bit")
     q_proj = model.model.language_model.layers[0].self_attn.q_proj
     assert isinstance(q_proj, bnb.nn.Linear4bit)
     assert type(model.model.multi_modal_projector.linear_1) is torch.nn.Linear

@@ -135,7 +135,7 @@ def test_stock_llava_trains_through_the_same_path(tiny_model, tiny_processor, da
 
 
 def test_vision_text_norm_ratio_matches_a_direct_computation(tiny_model, tiny_processor, dataset):
-    from modeling_llava_normaligned import text_embedding_norm_target
+    from modeling_llava_normaligned import model_norm_target
 
     batch = _batch(tiny_processor, dataset)
     measured = vision_text_norm_ratio(tiny_model, batch)
@@ -143,7 +143,7 @@ def test_vision_text_norm_ratio_matches_a_direct_computation(tiny_model, tiny_pr
         hidden = tiny_model.model.vision_tower(batch["pixel_values"], output_hidden_states=True).hidden_states[-2]
         tokens = tiny_model.model.multi_modal_projector(hidden)  # (N, 16, D)
     expected_image = tokens.norm(dim=-1).mean().item()
-    expected_text = text_embedding_norm_target(tiny_model.get_input_embeddings().weight)
+    expected_text = model_norm_target(tiny_model)  # the image token's row left out (paper §5.1)
     assert measured["projector_output_norm"] == pytest.approx(expected_image, rel=1e-5)
     assert measured["text_embedding_norm"] == pytest.approx(expected_text, rel=1e-5)
     assert measured["vision_text_ratio"] == pytest.approx(expected_image / expected_text, rel=1e-5)

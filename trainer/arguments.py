@@ -150,12 +150,31 @@ def check_peft_flags(stage_args: StageArguments, model_args: ModelConfig) -> Non
 
 
 def make_parser() -> TrlParser:
-    return TrlParser(
+    parser = TrlParser(
         DATACLASSES,
         prog="llava-normaligned train",
+        usage="llava-normaligned train --stage {1,2} (--model DIR | --vision-model ID --text-model ID) "
+        "(--data-path JSON --image-folder DIR | --dataset-name ID) --output-dir DIR [--config RECIPE] [options]",
         description="Train LLaVA-1.5 stage 1 or 2 of a norm-aligned (or stock) LLaVA with TRL's SFTTrainer. Every "
         "SFTConfig and ModelConfig flag is accepted; --config RECIPE.yaml (repeatable) sets defaults.",
     )
+    _group_own_flags_first(parser)
+    return parser
+
+
+def _group_own_flags_first(parser) -> None:
+    """``--help`` lists this package's flags (``StageArguments``) first, in their own group, then TRL's and
+    transformers' (HfArgumentParser puts every dataclass's flags in one "options" group)."""
+    own = {f.name for f in dataclasses.fields(StageArguments)}
+    options = parser._optionals  # argparse keeps its groups in these attributes (stable since Python 3.2)
+    group = parser.add_argument_group("llava-normaligned: model, data, stage and variant")
+    moved = [a for a in options._group_actions if a.dest in own]
+    for action in moved:
+        options._group_actions.remove(action)
+        group._group_actions.append(action)
+    options.title = "TRL SFTConfig and ModelConfig (transformers TrainingArguments)"
+    parser._action_groups.remove(group)
+    parser._action_groups.insert(parser._action_groups.index(options), group)
 
 
 def has_accelerator() -> bool:

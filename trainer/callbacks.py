@@ -36,48 +36,33 @@ import os
 import torch
 from transformers import TrainerCallback
 
-from .stages import llava_base, part_of
+from llava_normaligned.anatomy import anatomy_of, projector_norm_of, projector_of, strip_wrappers  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "norm/"
 NORM_TRACKING_FILE = "norm_tracking.json"
-
-
-def projector_of(model):
-    projector = getattr(llava_base(model), "multi_modal_projector", None)
-    if projector is None:
-        raise ValueError(f"{type(model).__name__} has no multi_modal_projector: not a LLaVA model")
-    # PEFT modules_to_save wraps the projector; the trained copy is the active one
-    wrapped = getattr(projector, "modules_to_save", None)
-    if wrapped is not None and len(wrapped):
-        projector = wrapped[getattr(projector, "active_adapter", None) or next(iter(wrapped.keys()))]
-    return projector
-
-
-def projector_norm_of(model):
-    """The projector's ``NormAlignedLayerNorm`` (``None`` for stock LLaVA and the "w/o Norm" variant)."""
-    return getattr(projector_of(model), "norm", None)
+TABLE5_KEYS = ("gain_abs_mean", "gain_l2", "bias_abs_mean", "gwc_factor")  # logged every step (paper Table 5)
 
 
 def text_embedding_norm(model) -> float:
-    """T: the mean L2 norm of the non-zero input-embedding rows (paper §5.1), as the model computes it
-    (``modeling_llava_normaligned.text_embedding_norm_target``).
+    """T (paper §5.1), as the model computes it (``modeling_llava_normaligned.text_embedding_norm_target``, the
+    image token's row left out).
 
     Falls back to the config's ``norm_target`` (T when the model was composed) when the embeddings are sharded
     (ZeRO-3, FSDP) or not materialised here.
     """
     from modeling_llava_normaligned import text_embedding_norm_target
 
-    base = llava_base(model)
-    weight = base.get_input_embeddings().weight
+    anatomy = anatomy_of(model)
+    weight = anatomy.input_embeddings.weight
     sharded = hasattr(weight, "full_tensor") or weight.numel() == 0
     if sharded or weight.ndim != 2 or weight.device.type == "meta":
-        target = getattr(base.config, "norm_target", None)
+        target = getattr(anatomy.config, "norm_target", None)
         if target is None:
             raise ValueError("the text embeddings are not materialised here and the config has no norm_target")
         return float(target)
-    return text_embedding_norm_target(weight)
+    return text_embedding_norm_target(weight, exclude_token_ids=(anatomy.image_token_id,))
 
 
 @torch.no_grad()
@@ -86,12 +71,13 @@ def projected_image_norm(model, pixel_values: torch.Tensor) -> float:
 
     Runs the vision tower and the projector only, without gradients and in eval mode (restored after).
     """
-    base = llava_base(model)
+    anatomy = anatomy_of(model)
+    base = anatomy.base
     config = base.config
     was_training = base.training
     base.eval()
     try:
-        param = next(base.vision_tower.parameters())
+        param = next(anatomy.vision_tower.parameters())
         features = base.get_image_features(
             pixel_values=pixel_values.to(device=param.device, dtype=param.dtype),
             vision_feature_layer=config.vision_feature_layer,
@@ -132,12 +118,16 @@ def part_gradient_norms(model) -> dict[str, float]:
     own ``grad_norm`` is their root sum of squares). Under FSDP2 the per-tensor sums are reduced across ranks (a
     collective: every rank calls it alike); under ZeRO the gradients are not held in ``.grad`` and nothing is found.
     """
+    anatomy = anatomy_of(model)
+    norm = anatomy.projector_norm
+    norm_ids = {id(p) for p in norm.parameters()} if norm is not None else set()
+    norm_names = {strip_wrappers(n) for n, p in model.named_parameters() if id(p) in norm_ids}
     squares: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
-        part = part_of(name)
+        part = anatomy.part_of(name)
         if param.grad is None or part is None:
             continue
-        if part == "projector" and ".norm." in name.split("multi_modal_projector", 1)[1]:
+        if part == "projector" and norm_names and strip_wrappers(name) in norm_names:
             part = "projector_norm"
         square = param.grad.detach().float().pow(2).sum()
         if hasattr(square, "full_tensor"):  # a DTensor partial sum (FSDP2)
@@ -153,23 +143,15 @@ def _whole(tensor: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def gain_statistics(model) -> dict:
-    """The paper's Table 5 statistics of the projector norm (empty for a model without the norm, and under ZeRO-3,
-    where the parameters are partitioned away)."""
+    """The paper's Table 5 statistics of the projector norm (``modeling_llava_normaligned.gain_statistics``; empty
+    for a model without the norm, and under ZeRO-3, where the parameters are partitioned away)."""
+    from modeling_llava_normaligned import gain_statistics as table5
+
     norm = projector_norm_of(model)
     if norm is None or getattr(norm, "weight", None) is None or norm.weight.numel() == 0:
         return {}
-    gain, bias = _whole(norm.weight.detach()).float(), _whole(norm.bias.detach()).float()
-    stats = {
-        "gain_l2": float(gain.norm()),
-        "gain_abs_mean": float(gain.abs().mean()),
-        "gain_abs_std": float(gain.abs().std()) if gain.numel() > 1 else 0.0,
-        "bias_abs_mean": float(bias.abs().mean()),
-        "bias_abs_std": float(bias.abs().std()) if bias.numel() > 1 else 0.0,
-    }
-    if getattr(norm, "compensation", False):
-        # paper §5.1: 1 / clamp(mean|g|, delta), as NormAlignedLayerNorm.compensation_factor computes it
-        stats["gwc_factor"] = 1.0 / max(stats["gain_abs_mean"], float(norm.compensation_min))
-    return stats
+    compensation_min = float(norm.compensation_min) if getattr(norm, "compensation", False) else None
+    return table5(_whole(norm.weight.detach()), _whole(norm.bias.detach()), compensation_min)
 
 
 def will_log(args, state) -> bool:
@@ -216,7 +198,7 @@ class NormTrackingCallback(TrainerCallback):
 
     def _text_norm(self, model) -> float:
         # Frozen embeddings (stage 1, LoRA) keep T: compute it once. Trained ones change it: recompute per log.
-        trained = llava_base(model).get_input_embeddings().weight.requires_grad
+        trained = anatomy_of(model).input_embeddings.weight.requires_grad
         if self._text_norm_cache is None or trained:
             self._text_norm_cache = text_embedding_norm(model)
         return self._text_norm_cache
@@ -229,7 +211,7 @@ class NormTrackingCallback(TrainerCallback):
             values["vision_text_ratio"] = values["projector_output_norm"] / values["text_embedding_norm"]
         self._sum, self._batches = None, 0
         stats = gain_statistics(self._model)
-        for key in ("gain_abs_mean", "gain_l2", "bias_abs_mean", "gwc_factor"):
+        for key in TABLE5_KEYS:
             if key in stats:
                 values[key] = stats[key]
         if self._grad_abs_mean is not None:
@@ -242,8 +224,7 @@ class NormTrackingCallback(TrainerCallback):
         self._model = model
         self._hook = projector_of(model).register_forward_hook(self._on_projector_output)
         if state.global_step == 0:
-            self._initial = {k: v for k, v in gain_statistics(model).items()
-                             if k in ("gain_abs_mean", "gain_l2", "bias_abs_mean", "gwc_factor")}
+            self._initial = {k: v for k, v in gain_statistics(model).items() if k in TABLE5_KEYS}
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if not will_log(args, state):

@@ -7,25 +7,28 @@ adapter would leave the norm's gain, the quantity GWC compensates for, frozen.
 
 from __future__ import annotations
 
-LLM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
-VISION_TARGETS = r".*vision_tower.*\.(q_proj|k_proj|v_proj|out_proj|fc1|fc2)"
-PROJECTOR = "multi_modal_projector"
+from llava_normaligned.anatomy import LLAVA, Family
+
+# The LLaVA family's (stock LLaVA and this package's model; other families: anatomy.FAMILIES).
+LLM_TARGETS = LLAVA.lora_targets()
+VISION_TARGETS = LLAVA.lora_targets(vision=True)
+PROJECTOR = LLAVA.projector_module_name
 
 
-def stage2_lora_config(model_args, *, lora_vision: bool = False):
+def stage2_lora_config(model_args, *, lora_vision: bool = False, family: Family = LLAVA):
     """A ``peft.LoraConfig`` from TRL's ``ModelConfig`` flags (``--lora_r``, ``--lora_alpha``, ...).
 
     Targets the LLM's attention and MLP projections (and the vision tower's with ``lora_vision``) unless
-    ``--lora_target_modules`` names others; ``multi_modal_projector`` is always in ``modules_to_save``.
+    ``--lora_target_modules`` names others; the projector (``multi_modal_projector``) is always in
+    ``modules_to_save``. Module paths are the ``family``'s (``llava_normaligned.anatomy``).
     """
     from peft import LoraConfig
 
-    targets = model_args.lora_target_modules
-    if not targets:
-        targets = f"({LLM_TARGETS}|{VISION_TARGETS})" if lora_vision else LLM_TARGETS
+    targets = model_args.lora_target_modules or family.lora_targets(vision=lora_vision)
+    projector = family.projector_module_name
     modules_to_save = list(model_args.lora_modules_to_save or [])
-    if PROJECTOR not in modules_to_save:
-        modules_to_save.append(PROJECTOR)
+    if projector not in modules_to_save:
+        modules_to_save.append(projector)
     return LoraConfig(
         task_type=model_args.lora_task_type,
         r=model_args.lora_r,

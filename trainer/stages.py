@@ -20,41 +20,20 @@ from dataclasses import dataclass
 
 import torch
 
+from llava_normaligned.anatomy import PARTS, anatomy_of, base_model, part_of  # noqa: F401  (part_of: re-exported)
+
 logger = logging.getLogger(__name__)
 
-PARTS = ("vision_tower", "projector", "llm")
 # Optimizer group order: the Trainer logs the first group's rate as `learning_rate`, which should be the LLM's.
 GROUP_ORDER = ("llm", "projector", "vision_tower")
-# Substrings of parameter names that mark each part (PEFT prefixes names with "base_model.model.").
-PART_MARKERS = {
-    "vision_tower": ".vision_tower.",
-    "projector": ".multi_modal_projector.",
-    "llm": (".language_model.", "lm_head."),
-}
 
 
-def part_of(name: str) -> str | None:
-    """The part (``vision_tower``, ``projector``, ``llm``) a parameter name belongs to; ``None`` if none."""
-    dotted = "." + name
-    for part, markers in PART_MARKERS.items():
-        markers = (markers,) if isinstance(markers, str) else markers
-        if any(m in dotted for m in markers):
-            return part
-    return None
-
-
-def llava_base(model):
-    """The ``LlavaModel`` inside ``model``: a ForConditionalGeneration, PEFT-wrapped, DDP-wrapped (``.module``) or
-    the base model itself. Every part of this package that needs the vision tower or the projector goes through it."""
-    inner = getattr(model, "module", model)
-    if hasattr(inner, "get_base_model"):
-        inner = inner.get_base_model()
-    return getattr(inner, "model", inner)
+llava_base = base_model  # the base model inside a wrapped model (``llava_normaligned.anatomy``)
 
 
 def vision_encoder_layers(model):
     """``(encoder owner, layers)`` of a LLaVA's vision tower (``layers`` is ``None`` for a tower of another shape)."""
-    tower = llava_base(model).vision_tower
+    tower = anatomy_of(model).vision_tower
     owner = getattr(tower, "vision_model", tower)
     return owner, getattr(getattr(owner, "encoder", None), "layers", None)
 
@@ -75,7 +54,7 @@ def unused_vision_parameters(model) -> list[str]:
     _, layers = vision_encoder_layers(model)
     unused_prefixes = []
     if layers is not None:
-        deepest = deepest_feature_layer(llava_base(model).config.vision_feature_layer, len(layers))
+        deepest = deepest_feature_layer(anatomy_of(model).config.vision_feature_layer, len(layers))
         unused_prefixes += [f".encoder.layers.{i}." for i in range(deepest, len(layers))]
     unused_prefixes += [".post_layernorm.", ".head."]
     names = []

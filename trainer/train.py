@@ -218,12 +218,12 @@ def _ddp_finds_unused(args: SFTConfig, stage: int, prepare_report) -> None:
 def _projector_in_vision_dtype(model) -> None:
     """Keep the trained projector copy in the vision tower's dtype. For a quantized base TRL casts every trainable
     parameter to bf16 (QLoRA's adapters); the projector, trained fully, takes the vision features as they come."""
-    from .stages import part_of
+    from llava_normaligned.anatomy import anatomy_of
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    dtype = next(base.model.vision_tower.parameters()).dtype
+    anatomy = anatomy_of(model)
+    dtype = anatomy.vision_dtype()
     for name, param in model.named_parameters():
-        if param.requires_grad and part_of(name) == "projector" and param.dtype != dtype:
+        if param.requires_grad and anatomy.part_of(name) == "projector" and param.dtype != dtype:
             param.data = param.data.to(dtype)
 
 
@@ -482,24 +482,21 @@ def _load_data(stage_args, image_checker):
 
 
 def _load_model(stage_args, model_args, sft_args):
-    from .loading import apply_norm_variant, compose_for_stage1, load_checkpoint, quantization_config
+    from .loading import apply_norm_variant, compose_for_stage1, load_checkpoint
 
     variant = stage_args.variant()
+    trust_remote_code = sft_args.trust_remote_code or None  # TRL's default False: the loader's default (None)
     if stage_args.model is None:
         return compose_for_stage1(stage_args.vision_model, stage_args.text_model, variant, dtype=model_args.dtype,
-                                  trust_remote_code=sft_args.trust_remote_code)
-    bits = 4 if model_args.load_in_4bit else 8 if model_args.load_in_8bit else None
-    if bits is not None and not model_args.use_peft:
+                                  trust_remote_code=trust_remote_code)
+    quantization = "4bit" if model_args.load_in_4bit else "8bit" if model_args.load_in_8bit else None
+    if quantization is not None and not model_args.use_peft:
         raise ValueError("4-bit/8-bit loading trains only through adapters: add --use_peft (QLoRA)")
-    quantization = quantization_config(bits, model_args.dtype, model_args.bnb_4bit_quant_type,
-                                       model_args.use_bnb_nested_quant)
-    device_map = None
-    if quantization is not None and torch.cuda.is_available():
-        device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    # 4-bit is always double-quantized (llava_normaligned.loading.quantization_config): --use_bnb_nested_quant is moot
     model, processor = load_checkpoint(
         stage_args.model, revision=model_args.model_revision, dtype=model_args.dtype,
-        trust_remote_code=sft_args.trust_remote_code, attn_implementation=model_args.attn_implementation,
-        quantization=quantization, device_map=device_map,
+        trust_remote_code=trust_remote_code, attn_implementation=model_args.attn_implementation,
+        quantization=quantization, quant_type=model_args.bnb_4bit_quant_type,
     )
     apply_norm_variant(model, stage=stage_args.stage, **variant)
     return model, processor

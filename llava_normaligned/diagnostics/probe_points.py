@@ -1,8 +1,8 @@
-"""Where a LLaVA-style model is probed: vision tower -> projector (-> its norm) -> language model layers.
+"""Where a vision-language model is probed: vision tower -> projector (-> its norm) -> language model layers.
 
-Every LLaVA-family model in transformers (``LlavaForConditionalGeneration``, LLaVA-NeXT, LLaVA-OneVision) and this
-package's ``LlavaNormAlignedForConditionalGeneration`` keep these parts under the same names in ``model.model``.
-A model without one of them cannot be probed, and ``locate`` says which part is missing.
+The parts are found by ``llava_normaligned.anatomy`` (one table of model families; LLaVA-NeXT and LLaVA-OneVision
+keep LLaVA's paths and are matched by structure). A model without one of them cannot be probed, and ``locate`` says
+which part is missing.
 """
 
 from __future__ import annotations
@@ -12,14 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from llava_normaligned.anatomy import AnatomyError, anatomy_of
+
 from .config import DiagnosticsError
-
-SUPPORTED = (
-    "a LLaVA-style model: model.model.vision_tower -> model.model.multi_modal_projector -> "
-    "model.model.language_model (with .layers), an image-feature entry point model.model.get_image_features, "
-    "and config.image_token_id"
-)
-
 
 @dataclass
 class ProbePoints:
@@ -39,48 +34,27 @@ class ProbePoints:
 
 
 def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
-    """The probe points of ``model``, or a ``DiagnosticsError`` naming every part that is missing."""
-    base = getattr(model, "model", None)
-    if not isinstance(base, nn.Module):
-        base = model
+    """The probe points of ``model`` (``llava_normaligned.anatomy``), or a ``DiagnosticsError`` naming every part
+    that is missing."""
+    try:
+        anatomy = anatomy_of(model, repr(model_id), require_image_token=True)
+    except AnatomyError as error:
+        raise DiagnosticsError(f"cannot probe {error}") from None
     missing = []
-    if not callable(getattr(base, "get_image_features", None)):
-        missing.append("model.model.get_image_features (image-feature entry point)")
-    parts = {}
-    for name in ("vision_tower", "multi_modal_projector", "language_model"):
-        part = getattr(base, name, None)
-        if not isinstance(part, nn.Module):
-            missing.append(f"model.model.{name}")
-        parts[name] = part
-    layers = getattr(parts["language_model"], "layers", None)
-    if parts["language_model"] is not None and not isinstance(layers, nn.ModuleList):
-        missing.append("model.model.language_model.layers (the decoder layers)")
-    elif isinstance(layers, nn.ModuleList) and not all(hasattr(layer, "self_attn") for layer in layers):
+    if not callable(getattr(anatomy.base, "get_image_features", None)):
+        missing.append("an image-feature entry point (get_image_features)")
+    if not all(hasattr(layer, "self_attn") for layer in anatomy.decoder_layers):
         missing.append("a self_attn module in every decoder layer")
-    config = getattr(model, "config", None)
-    image_token_id = getattr(config, "image_token_id", None)
-    if image_token_id is None:
-        image_token_id = getattr(config, "image_token_index", None)
-    if image_token_id is None:
-        missing.append("config.image_token_id")
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embeddings is None or getattr(embeddings, "weight", None) is None:
-        missing.append("input embeddings (model.get_input_embeddings())")
     if missing:
-        raise DiagnosticsError(
-            f"cannot probe {model_id!r} ({type(model).__name__}): it has no {'; no '.join(missing)}. "
-            f"The diagnostics need {SUPPORTED}."
-        )
-    projector = parts["multi_modal_projector"]
-    norm = getattr(projector, "norm", None)
+        raise DiagnosticsError(f"cannot probe {model_id!r} ({type(model).__name__}): it has no {'; no '.join(missing)}")
     return ProbePoints(
         model=model,
-        vision_tower=parts["vision_tower"],
-        projector=projector,
-        projector_norm=norm if isinstance(norm, nn.Module) else None,
-        language_model=parts["language_model"],
-        layers=layers,
-        embeddings=embeddings.weight,
-        image_token_id=int(image_token_id),
-        vision_feature_select_strategy=getattr(config, "vision_feature_select_strategy", None),
+        vision_tower=anatomy.vision_tower,
+        projector=anatomy.projector,
+        projector_norm=anatomy.projector_norm,
+        language_model=anatomy.language_model,
+        layers=anatomy.decoder_layers,
+        embeddings=anatomy.input_embeddings.weight,
+        image_token_id=int(anatomy.image_token_id),
+        vision_feature_select_strategy=getattr(anatomy.config, "vision_feature_select_strategy", None),
     )

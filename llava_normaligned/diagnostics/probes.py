@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from modeling_llava_normaligned.modeling_llava_normaligned import TEXT_NORM_EPS, text_embedding_norm_target
+from modeling_llava_normaligned import TEXT_NORM_EPS, embedding_row_norms, text_embedding_norm_target
 
 from .probe_points import ProbePoints
 
@@ -52,16 +52,14 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
     the remaining rows; ``T`` is the mean over those with norm > eps (paper §5.1), the target of the aligned norm,
     computed by the model's own ``text_embedding_norm_target`` (the function ``compose`` sets ``norm_target`` with).
     """
-    norms = points.embeddings.detach().float().norm(dim=-1).cpu()  # (V,)
+    norms = embedding_row_norms(points.embeddings).cpu()  # (V,)
     kept = torch.ones_like(norms, dtype=torch.bool)
     if 0 <= points.image_token_id < norms.numel():
         kept[points.image_token_id] = False
     ids = torch.arange(norms.numel())[kept]
     rows = norms[kept]
     try:
-        # (V-1, 1): a one-wide row's L2 norm is its value, so this is T of the kept embedding rows, without a second
-        # copy of the (V, D) table on the device
-        target = text_embedding_norm_target(rows[:, None], eps)
+        target = text_embedding_norm_target(points.embeddings, eps, exclude_token_ids=(points.image_token_id,))
     except ValueError:  # every row is zero: T is undefined
         target = None
     order = rows.argsort(descending=True)[:top_k]

@@ -1,0 +1,360 @@
+"""Where the parts of a vision-language model are: one table of model families, one lookup.
+
+Every command that needs the vision tower, the projector, its norm, the language model, its decoder layers, the input
+embeddings or the image token asks this module (training's freezing and learning-rate groups, the norm tracking,
+generation, the loader's bitsandbytes skip list, LoRA targets, the model card, diagnostics). A family is described
+once, by module paths relative to the model with its LM head (the names ``named_parameters()``, state-dict keys,
+bitsandbytes skip lists and PEFT targets use):
+
+    anatomy = anatomy_of(model)            # plain, PEFT-wrapped, DDP-wrapped or torch.compile'd
+    anatomy.projector, anatomy.projector_norm, anatomy.decoder_layers, anatomy.image_token_id
+    family_of(config).keep_unquantized()   # ["model.vision_tower", "model.multi_modal_projector", "lm_head"]
+    part_of("base_model.model.model.vision_tower.encoder.layers.0.mlp.fc1.lora_A.default.weight")  # "vision_tower"
+
+Adding a family is adding one ``Family`` to ``FAMILIES``. A model whose ``model_type`` is in no entry is matched by
+structure: the first family whose required paths all resolve (LLaVA-NeXT and LLaVA-OneVision keep LLaVA's paths).
+When none fits, ``AnatomyError`` names what the closest family misses. (The model file keeps its own path to its
+norm, ``PROJECTOR_NORM_PATH``: remote code cannot import this package.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a live model is read, so the table costs nothing to import
+    import torch
+    from torch import nn
+
+PARTS = ("vision_tower", "projector", "llm")
+# Prefixes wrappers add to parameter and module names: DDP, torch.compile, PEFT.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "base_model.model.")
+
+
+class AnatomyError(ValueError):
+    """A model this package cannot find its way around; the message names every part that is missing."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """The module paths of one VLM family, relative to the model with its LM head (``...ForConditionalGeneration``).
+
+    ``projector_norm`` is relative to the projector and optional (stock LLaVA has none); every other part is
+    required. ``base`` is the base model (the one TRL's trainer calls directly)."""
+
+    name: str
+    model_types: tuple[str, ...]
+    base: str = "model"
+    vision_tower: str = "model.vision_tower"
+    projector: str = "model.multi_modal_projector"
+    projector_norm: str | None = None
+    language_model: str = "model.language_model"
+    decoder_layers: str = "layers"  # relative to the language model
+    embed_tokens: str = "embed_tokens"  # relative to the language model
+    lm_head: str = "lm_head"
+    image_token_keys: tuple[str, ...] = ("image_token_id", "image_token_index")
+    # LoRA targets: the linear layers of the LLM's attention and MLP, and of the vision tower's
+    llm_linear_names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    vision_linear_names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+    notes: str = ""
+
+    # ----------------------------------------------------------------------------------------- module paths
+    @property
+    def part_prefixes(self) -> dict[str, tuple[str, ...]]:
+        """Part -> the module paths whose parameters belong to it (for freezing, lr groups, parameter counts)."""
+        return {
+            "vision_tower": (self.vision_tower,),
+            "projector": (self.projector,),
+            "llm": (self.language_model, self.lm_head),
+        }
+
+    @property
+    def projector_norm_path(self) -> str | None:
+        return f"{self.projector}.{self.projector_norm}" if self.projector_norm else None
+
+    @property
+    def embed_tokens_path(self) -> str:
+        return f"{self.language_model}.{self.embed_tokens}"
+
+    def keep_unquantized(self) -> list[str]:
+        """Modules kept in floating point under 4/8-bit loading, by full path: bitsandbytes matches an entry from
+        the start of the path or as a suffix (a bare ``vision_tower`` matches nothing in a LLaVA), and a custom list
+        replaces transformers' default one, so ``lm_head`` is named too."""
+        return [self.vision_tower, self.projector, self.lm_head]
+
+    def lora_targets(self, vision: bool = False) -> str:
+        """A PEFT ``target_modules`` regex (matched whole against module names): the LLM's attention and MLP
+        projections, and with ``vision`` the vision tower's."""
+        llm = rf".*{_escaped(self.language_model)}\..*\.({'|'.join(self.llm_linear_names)})"
+        if not vision:
+            return llm
+        tower = rf".*{_escaped(self.vision_tower)}\..*\.({'|'.join(self.vision_linear_names)})"
+        return f"({llm}|{tower})"
+
+    @property
+    def projector_module_name(self) -> str:
+        """The projector's attribute name: what PEFT's ``modules_to_save`` matches (as a name suffix)."""
+        return self.projector.rpartition(".")[2]
+
+    def part_of(self, name: str) -> str | None:
+        """The part (``vision_tower``, ``projector``, ``llm``) a parameter or module name belongs to; None if none.
+        Wrapper prefixes (PEFT, DDP, compile) are ignored; names relative to the base model are understood too."""
+        name = strip_wrappers(name)
+        best, best_length = None, -1
+        for part, prefixes in self.part_prefixes.items():
+            for prefix in prefixes:
+                for candidate in (prefix, self._relative_to_base(prefix)):
+                    if candidate and (name == candidate or name.startswith(candidate + ".")):
+                        if len(candidate) > best_length:  # the most specific part wins (a projector in a tower)
+                            best, best_length = part, len(candidate)
+        return best
+
+    def _relative_to_base(self, path: str) -> str | None:
+        return path[len(self.base) + 1 :] if path.startswith(self.base + ".") else None
+
+
+def _escaped(path: str) -> str:
+    return path.replace(".", r"\.")
+
+
+LLAVA = Family(
+    name="llava",
+    model_types=("llava",),
+    notes="transformers' LlavaForConditionalGeneration (LLaVA-1.5 layout, transformers >= 4.52 names)",
+)
+LLAVA_NORMALIGNED = replace(
+    LLAVA,
+    name="llava_normaligned",
+    model_types=("llava_normaligned",),
+    projector_norm="norm",  # NormAlignedLayerNorm; None in the "w/o Norm" variant
+    notes="this package's model: LLaVA with the norm-aligned LayerNorm after the projector (paper §5.1)",
+)
+
+# One entry per family. Order matters only for models matched by structure (an unknown model_type).
+FAMILIES: tuple[Family, ...] = (LLAVA_NORMALIGNED, LLAVA)
+
+
+def strip_wrappers(name: str) -> str:
+    """A parameter or module name without the prefixes PEFT, DDP and torch.compile add."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if name.startswith(prefix):
+                name, stripped = name[len(prefix) :], True
+    return name
+
+
+def family_of(config_or_model_type) -> Family | None:
+    """The family of a config (object or dict) or a ``model_type`` string; None when no entry names it."""
+    if isinstance(config_or_model_type, str):
+        model_type = config_or_model_type
+    elif isinstance(config_or_model_type, dict):
+        model_type = config_or_model_type.get("model_type")
+    else:
+        model_type = getattr(config_or_model_type, "model_type", None)
+    return next((f for f in FAMILIES if model_type in f.model_types), None)
+
+
+def family_for_config(config, what: str = "model") -> Family:
+    """``family_of`` that raises ``AnatomyError`` naming the model type and the families known."""
+    family = family_of(config)
+    if family is None:
+        model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+        raise AnatomyError(f"{what}: model_type {model_type!r} is not a family this package knows ({known()})")
+    return family
+
+
+def known() -> str:
+    return ", ".join(t for f in FAMILIES for t in f.model_types)
+
+
+def part_of(name: str, family: Family = LLAVA) -> str | None:
+    """``Family.part_of`` (LLaVA's paths by default, which are also this package's model's)."""
+    return family.part_of(name)
+
+
+# ------------------------------------------------------------------------------------------------- a live model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP (``.module``), torch.compile (``._orig_mod``) and PEFT (``get_base_model()``)."""
+    from torch import nn
+
+    for _ in range(8):
+        if hasattr(model, "get_base_model") and callable(model.get_base_model):
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        elif isinstance(getattr(model, "module", None), nn.Module) and not hasattr(model, "config"):
+            model = model.module
+        else:
+            break
+    return model
+
+
+def _active(module):
+    """PEFT's ``modules_to_save`` wraps a module: the trained copy of the active adapter is the one in use."""
+    from torch import nn
+
+    copies = getattr(module, "modules_to_save", None)
+    if isinstance(copies, nn.ModuleDict) and len(copies):
+        return copies[getattr(module, "active_adapter", None) or next(iter(copies.keys()))]
+    return module
+
+
+def _resolve(root: nn.Module, path: str, base_path: str):
+    """The module at ``path`` of ``root`` (a model with its head), or of ``root`` as the base model itself."""
+    from torch import nn
+
+    for candidate in (path, path[len(base_path) + 1 :] if path.startswith(base_path + ".") else None):
+        if candidate is None:
+            continue
+        module = root
+        try:
+            for part in candidate.split("."):
+                module = _active(getattr(module, part))
+        except AttributeError:
+            continue
+        if isinstance(module, nn.Module):
+            return module
+    return None
+
+
+@dataclass
+class Anatomy:
+    """The parts of one model, found through its family's paths."""
+
+    family: Family
+    model: nn.Module  # unwrapped: the model with its LM head (or a base model given on its own)
+    base: nn.Module  # the base model: vision tower, projector, language model
+    vision_tower: nn.Module
+    projector: nn.Module  # the active copy under PEFT modules_to_save
+    projector_norm: nn.Module | None
+    language_model: nn.Module
+    decoder_layers: nn.ModuleList
+    input_embeddings: nn.Module
+    image_token_id: int | None
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def vision_dtype(self) -> torch.dtype:
+        """The dtype pixel values must have: the vision tower's (a quantized model's ``dtype`` can mislead)."""
+        for param in self.vision_tower.parameters():
+            if param.is_floating_point():
+                return param.dtype
+        return self.model.dtype
+
+    def part_of(self, name: str) -> str | None:
+        return self.family.part_of(name)
+
+
+def _find(model: nn.Module, family: Family) -> tuple[dict, list[str]]:
+    from torch import nn
+
+    parts, missing = {}, []
+    for key in ("vision_tower", "projector", "language_model"):
+        path = getattr(family, key)
+        parts[key] = _resolve(model, path, family.base)
+        if parts[key] is None:
+            missing.append(path)
+    base = _resolve(model, family.base, family.base) if family.base else model
+    parts["base"] = base if base is not None and parts["vision_tower"] is not None else model
+    layers = None
+    if parts["language_model"] is not None:
+        layers = _resolve(parts["language_model"], family.decoder_layers, "")
+        if not isinstance(layers, nn.ModuleList):
+            missing.append(f"{family.language_model}.{family.decoder_layers} (the decoder layers)")
+    parts["decoder_layers"] = layers
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is None or getattr(embeddings, "weight", None) is None:
+        missing.append("input embeddings (get_input_embeddings())")
+    parts["input_embeddings"] = embeddings
+    norm = None
+    if family.projector_norm and parts["projector"] is not None:
+        norm = getattr(parts["projector"], family.projector_norm, None)
+    parts["projector_norm"] = norm if isinstance(norm, nn.Module) else None
+    config = getattr(model, "config", None)
+    image_token_id = None
+    for key in family.image_token_keys:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            image_token_id = value
+            break
+    parts["image_token_id"] = image_token_id
+    return parts, missing
+
+
+def anatomy_of(model: nn.Module, what: str | None = None, *, require_image_token: bool = False) -> Anatomy:
+    """The parts of ``model`` (plain or wrapped), or ``AnatomyError`` naming the parts that are missing.
+
+    The family is the one of ``model.config.model_type``; a model type in no entry is matched by structure."""
+    inner = unwrap(model)
+    what = what or type(inner).__name__
+    config = getattr(inner, "config", None)
+    family = family_of(config) if config is not None else None
+    candidates = [family] if family is not None else list(FAMILIES)
+    best = None
+    for candidate in candidates:
+        parts, missing = _find(inner, candidate)
+        if require_image_token and parts["image_token_id"] is None:
+            missing.append(f"config.{candidate.image_token_keys[0]}")
+        if not missing:
+            return Anatomy(family=candidate, model=inner, missing=[], **parts)
+        if best is None or len(missing) < len(best[1]):
+            best = (candidate, missing)
+    family, missing = best
+    model_type = getattr(config, "model_type", None)
+    raise AnatomyError(
+        f"{what} ({type(inner).__name__}, model_type {model_type!r}): no {'; no '.join(missing)}. This package "
+        f"knows the parts of: {known()} (a {family.name}-style model keeps them at {family.vision_tower}, "
+        f"{family.projector}, {family.language_model}.{family.decoder_layers})"
+    )
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The base model (vision tower, projector, language model) inside ``model``: a ForConditionalGeneration,
+    PEFT-, DDP- or compile-wrapped, or the base model itself."""
+    return anatomy_of(model).base
+
+
+def projector_of(model: nn.Module) -> nn.Module:
+    """The projector in use (the trained copy under PEFT ``modules_to_save``)."""
+    return anatomy_of(model).projector
+
+
+def projector_norm_of(model: nn.Module) -> nn.Module | None:
+    """The projector's norm (``None`` for stock LLaVA and the "w/o Norm" variant)."""
+    return anatomy_of(model).projector_norm
+
+
+def vision_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype pixel values must have: the vision tower's; the model's own for a model this module cannot read."""
+    try:
+        return anatomy_of(model).vision_dtype()
+    except AnatomyError:
+        return model.dtype
+
+
+__all__ = [
+    "FAMILIES",
+    "LLAVA",
+    "LLAVA_NORMALIGNED",
+    "PARTS",
+    "Anatomy",
+    "AnatomyError",
+    "Family",
+    "anatomy_of",
+    "base_model",
+    "family_for_config",
+    "family_of",
+    "part_of",
+    "projector_norm_of",
+    "projector_of",
+    "strip_wrappers",
+    "unwrap",
+    "vision_dtype",
+]

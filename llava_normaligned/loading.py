@@ -1,0 +1,679 @@
+"""Load a checkpoint: one loader for train, generate, eval, diagnose and the card.
+
+    model, processor = load_model("./llava-na-3b")                       # full precision, eval mode
+    model, processor = load_model("org/name", quantization="4bit")       # the LLM in NF4, checked
+    model, processor = load_model("./ckpt", quantization="4bit", for_training=True)   # QLoRA's base
+
+One quantization config, ``quantization_config``: 4-bit NF4 with double quantization (the QLoRA recipe: the second
+quantization of the block scales saves about 0.4 bit per parameter, in training and inference alike), or LLM.int8.
+Only the language model's linear layers are quantized. The vision tower, the projector with its norm and ``lm_head``
+stay in floating point: the tower and projector are the path every image token takes and a small share of a model
+whose LLM dominates; the norm's gain T/sqrt(D) (paper §5.1) stays exact with them; ``lm_head`` is what transformers
+keeps by default. Which modules these are comes from the model's family (``anatomy.Family.keep_unquantized``), by
+full module path. After loading, the module tree is checked; a model that is not quantized as asked is never
+returned.
+
+Where training and inference differ, and why:
+
+* Compute dtype of the 4-bit matmuls. Inference: a requested 16-bit dtype, else bf16 (fp16 on a GPU without bf16):
+  no gradient flows, and on the tiny model bf16 and fp32 compute gave identical logits, bf16 being the faster.
+  Training: the dtype the run asks for (``--dtype``), fp32 when none is given: the adapters' gradients flow back
+  through the dequantized matmul, and the run's precision is the trainer's choice (``--bf16``/``--fp16`` autocast),
+  not the loader's.
+* Placement. Inference puts the model on a device (``device``, the best available one when quantized). Training
+  leaves a full-precision model where it loads (the Trainer places it); a quantized one goes to this process's GPU
+  (``LOCAL_RANK``) or the CPU, since bitsandbytes quantizes while loading onto the device.
+* Mode. Inference returns the model in eval mode and merges a PEFT adapter into a full-precision base; training
+  leaves the mode to the Trainer.
+
+One ``trust_remote_code`` default, ``TRUST_REMOTE_CODE_DEFAULT = None``: transformers' own resolution, which loads
+this package's model and stock LLaVA with the installed classes and runs no code from the checkpoint. One dtype
+parser, ``parse_dtype``. A name that is no local folder and no Hub repo fails before anything is downloaded
+(``check_source``), with one line naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+
+from typing import TYPE_CHECKING
+
+from .anatomy import LLAVA, anatomy_of, family_of
+
+if TYPE_CHECKING:  # torch is imported by the functions that need it: `--help` and argument checks run without it
+    import torch
+    from torch import nn
+
+logger = logging.getLogger(__name__)
+
+TRUST_REMOTE_CODE_DEFAULT = None
+
+QUANTIZATION_MODES = ("4bit", "8bit")
+# The LLaVA family's (stock LLaVA and this package's model): kept in floating point, by full module path, and the
+# module every nn.Linear of which is quantized. Other families: ``anatomy.family_of(config)``.
+KEEP_UNQUANTIZED = tuple(LLAVA.keep_unquantized())
+QUANTIZED_ROOT = LLAVA.language_model
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+BITSANDBYTES_INSTALL = "pip install 'llava-normaligned[quant]'  (or: pip install 'bitsandbytes>=0.45')"
+DTYPE_NAMES = {  # accepted name -> torch dtype name
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float": "float32",
+}
+
+
+# ------------------------------------------------------------------------------------------- device and dtype
+
+
+def parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """``None`` / ``"auto"`` -> None (as stored); a torch dtype or one of ``DTYPE_NAMES`` -> that dtype. The one
+    dtype parser of every command (``--dtype``) and of the Python API; ValueError for anything else."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, str):
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype: unknown value {dtype!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}")
+        import torch
+
+        return getattr(torch, DTYPE_NAMES[dtype])
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    raise ValueError(f"dtype: unknown value {dtype!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}")
+
+
+def dtype_argument(name: str) -> str | None:
+    """``parse_dtype`` as an argparse ``type`` (its message, as a usage error; no torch import while parsing, so the
+    value stays the accepted name until ``parse_dtype`` is called on it)."""
+    if name != "auto" and name not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"dtype: unknown value {name!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}"
+        )
+    return None if name == "auto" else name
+
+
+def _device_available(device: torch.device) -> bool:
+    import torch
+
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        return torch.cuda.is_available() and (device.index is None or device.index < torch.cuda.device_count())
+    if device.type == "mps":
+        return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    if device.type == "xpu":
+        return hasattr(torch, "xpu") and torch.xpu.is_available()
+    return False
+
+
+def best_device() -> torch.device:
+    """The first available of cuda, xpu, mps, cpu."""
+    import torch
+
+    for name in ("cuda", "xpu", "mps"):
+        if _device_available(torch.device(name)):
+            return torch.device(name, 0) if name != "mps" else torch.device(name)
+    return torch.device("cpu")
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    """Parse a device string; ValueError for one that is not a device type this package runs on."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device: unknown device {device!r}; expected 'auto', 'cpu', 'cuda', 'cuda:N', 'mps' or 'xpu'"
+        ) from None
+    if parsed.type not in DEVICE_TYPES:
+        raise ValueError(f"device: {device!r} is not one of the device types {DEVICE_TYPES} (or 'auto')")
+    return parsed
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """Parse and check a device: ``"auto"`` picks the best available one. Raises ValueError for a string that is
+    not a device this package runs on, RuntimeError for a device this machine does not have."""
+    import torch
+
+    if device is None or device == "auto":
+        return best_device()
+    parsed = parse_device(device)
+    if not _device_available(parsed):
+        detail = ""
+        if parsed.type == "cuda":
+            detail = (
+                f" (torch {torch.__version__}, built with CUDA {torch.version.cuda}, sees "
+                f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA device(s))"
+            )
+        raise RuntimeError(f"device {str(device)!r} was requested but is not available on this machine{detail}")
+    if parsed.type == "cuda" and parsed.index is None:
+        parsed = torch.device("cuda", torch.cuda.current_device())
+    return parsed
+
+
+# ------------------------------------------------------------------------------------------------ bitsandbytes
+
+
+def require_bitsandbytes():
+    """Import bitsandbytes or raise an ImportError that says how to install it."""
+    from .cli import quiet_known_notices
+
+    quiet_known_notices()  # its optional-kernel notice at import (see there)
+    try:
+        import bitsandbytes
+    except ImportError as error:
+        raise ImportError(
+            f"4-bit and 8-bit loading need bitsandbytes, which is not installed: {BITSANDBYTES_INSTALL}"
+        ) from error
+    except Exception as error:  # a broken install (e.g. a binary built for another CUDA) fails at import
+        raise ImportError(
+            f"bitsandbytes is installed but failed to import ({error}); reinstall it: {BITSANDBYTES_INSTALL}"
+        ) from error
+    return bitsandbytes
+
+
+def check_quantization_device(mode: str, device: torch.device) -> None:
+    """Raise RuntimeError when the installed bitsandbytes has no backend for ``device``."""
+    bnb = require_bitsandbytes()
+    # bitsandbytes >= 0.46 lists its backends; older releases ran on CUDA only.
+    supported = set(getattr(bnb, "supported_torch_devices", {"cuda"}))
+    if device.type not in supported:
+        raise RuntimeError(
+            f"{mode} quantization cannot run on device {str(device)!r}: bitsandbytes "
+            f"{getattr(bnb, '__version__', '?')} supports {sorted(supported)}. Load in full precision (no "
+            "--load-in-4bit/--load-in-8bit) or pick another device."
+        )
+
+
+def compute_dtype_for(device: torch.device, dtype: torch.dtype | None, training: bool = False) -> torch.dtype:
+    """The dtype the quantized matmuls compute in (see the module docstring for why training differs).
+
+    Inference: a requested 16-bit dtype, else bf16 (fp16 on a GPU without it). On CPU, bitsandbytes 0.50 repacks
+    4-bit weights for its own kernel; bf16 and fp32 compute gave identical logits on the tiny model there, bf16
+    being the faster (docs/inference.md). Training: the requested dtype, fp32 when none is given."""
+    import torch
+
+    if training:
+        return dtype or torch.float32
+    if dtype in (torch.bfloat16, torch.float16):
+        return dtype
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def quantization_config(
+    mode: str, compute_dtype: torch.dtype | None = None, *, quant_type: str = "nf4", keep_unquantized=None
+):
+    """The one ``BitsAndBytesConfig`` of a mode: 4-bit (NF4 by default; ``quant_type="fp4"`` for training's
+    ``--bnb_4bit_quant_type``) with double quantization, or LLM.int8; both keep ``keep_unquantized`` (default: the
+    LLaVA family's ``KEEP_UNQUANTIZED``) in floating point."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    compute_dtype = compute_dtype or torch.bfloat16
+    skip = list(KEEP_UNQUANTIZED if keep_unquantized is None else keep_unquantized)
+    if mode == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=quant_type,
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+            llm_int8_skip_modules=skip,
+        )
+    if mode == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
+    raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {mode!r}")
+
+
+def stored_quantization(config) -> str | None:
+    """The bitsandbytes mode a checkpoint was saved in ("4bit"/"8bit"), None if it is not quantized. Raises for
+    another quantization method, which this loader does not verify."""
+    stored = getattr(config, "quantization_config", None)
+    if stored is None:
+        return None
+    stored = stored if isinstance(stored, dict) else stored.to_dict()
+    if stored.get("load_in_4bit"):
+        return "4bit"
+    if stored.get("load_in_8bit"):
+        return "8bit"
+    raise ValueError(
+        f"checkpoint is quantized with {stored.get('quant_method', 'an unknown method')!r}; this loader serves "
+        "full-precision checkpoints (quantized at load time) and bitsandbytes 4/8-bit ones"
+    )
+
+
+class _DropInt8CastNotice(logging.Filter):
+    """bitsandbytes logs "inputs will be cast ... to float16" on EVERY int8 matmul whose input is not fp16 (each layer,
+    each token); the cast is by design of LLM.int8, so the line says nothing after the first time."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "will be cast from" not in record.getMessage()
+
+
+_INT8_NOTICE_FILTER = _DropInt8CastNotice()
+
+
+# --------------------------------------------------------------------------------------------------- the check
+
+
+@dataclass
+class QuantizationReport:
+    """What ``verify_quantization`` found: which layers are quantized and what the kept modules hold."""
+
+    mode: str | None
+    device: str
+    quantized_layers: list[str] = field(default_factory=list)  # full paths of the bnb Linear layers
+    kept: dict[str, str] = field(default_factory=dict)  # kept path -> dtype(s) of its parameters
+    compute_dtype: str | None = None
+    footprint_bytes: int = 0
+
+    def summary(self) -> str:
+        kept = ", ".join(f"{path} ({dtype})" for path, dtype in self.kept.items())
+        if self.mode is None:
+            return f"full precision on {self.device}; {self.footprint_bytes / 2**20:.1f} MiB"
+        return (
+            f"{self.mode} on {self.device} (compute {self.compute_dtype}): {len(self.quantized_layers)} LLM linear "
+            f"layers quantized; kept unquantized: {kept}; {self.footprint_bytes / 2**20:.1f} MiB"
+        )
+
+
+def _bnb_linear_class(mode: str):
+    bnb = require_bitsandbytes()
+    return bnb.nn.Linear4bit if mode == "4bit" else bnb.nn.Linear8bitLt
+
+
+def _is_bnb_linear(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("bitsandbytes")
+
+
+def verify_quantization(model: nn.Module, mode: str | None) -> QuantizationReport:
+    """Walk the module tree: no bitsandbytes layer under the family's ``keep_unquantized()``, and (when ``mode`` is set) every
+    linear layer of the language model quantized in that mode. Raises RuntimeError otherwise."""
+    from torch import nn
+
+    report = QuantizationReport(mode=mode, device=str(getattr(model, "device", "?")))
+    family = family_of(getattr(model, "config", None)) or LLAVA  # a LLaVA-style model of a type not in the table
+    quantized_root = family.language_model
+    for path in family.keep_unquantized():
+        try:
+            kept = model.get_submodule(path)
+        except AttributeError:
+            raise RuntimeError(
+                f"{type(model).__name__} has no module {path!r}: not a LLaVA-style model, so which modules must stay "
+                "unquantized is unknown"
+            ) from None
+        wrong = [f"{path}.{name}" if name else path for name, sub in kept.named_modules() if _is_bnb_linear(sub)]
+        if wrong:
+            raise RuntimeError(
+                f"{len(wrong)} layer(s) under {path!r} are quantized but must stay in floating point: {wrong[:5]}"
+            )
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in kept.parameters()})
+        report.kept[path] = "/".join(dtypes)
+    if mode is not None:
+        expected = _bnb_linear_class(mode)
+        llm = model.get_submodule(quantized_root)
+        plain = [f"{quantized_root}.{n}" for n, m in llm.named_modules() if type(m) is nn.Linear]
+        other = [
+            f"{quantized_root}.{n}" for n, m in llm.named_modules() if _is_bnb_linear(m) and not isinstance(m, expected)
+        ]
+        report.quantized_layers = [f"{quantized_root}.{n}" for n, m in llm.named_modules() if isinstance(m, expected)]
+        if plain or other or not report.quantized_layers:
+            raise RuntimeError(
+                f"the language model is not quantized as {mode}: {len(report.quantized_layers)} {expected.__name__} "
+                f"layers, {len(plain)} plain nn.Linear left (e.g. {plain[:3]}), {len(other)} of another kind"
+            )
+        compute = getattr(model.get_submodule(report.quantized_layers[0]), "compute_dtype", None)
+        report.compute_dtype = str(compute).removeprefix("torch.") if compute is not None else "float16 (int8 matmul)"
+    report.footprint_bytes = int(model.get_memory_footprint())
+    return report
+
+
+# -------------------------------------------------------------------------------------------------- the loader
+
+
+def register_local_model() -> None:
+    """Make this package's model known to the Auto classes in this process (importing ``modeling_llava_normaligned``
+    registers it), so that its checkpoints load with transformers' default ``trust_remote_code=None``: transformers
+    then prefers the installed classes and runs no code from the checkpoint."""
+    import modeling_llava_normaligned  # noqa: F401
+
+
+def is_commit_hash(revision: str | None) -> bool:
+    """A full 40-hex commit id: the only revision that cannot move after it was reviewed (branches and tags can)."""
+    return bool(revision) and re.fullmatch(r"[0-9a-f]{40}", revision) is not None
+
+
+def warn_unpinned_remote_code(model_name_or_path: str, revision: str | None, trust_remote_code: bool | None) -> None:
+    """Warn when remote code is trusted for a Hub repo at a branch or tag: whoever can push to it can change the code
+    that runs here after it was reviewed. A local folder's code is on this machine; a commit hash cannot change.
+    (transformers 5 prefers classes registered in this process, so this package's own model never runs remote code
+    where it is installed; the warning is about what trusting permits.)"""
+    if trust_remote_code is not True or os.path.isdir(os.path.expanduser(model_name_or_path)):
+        return
+    if is_commit_hash(revision):
+        return
+    logger.warning(
+        "trusting remote code of the Hub repo %r at revision %r, which can move: the repo's code, as it is when "
+        "downloaded, may run in this process (transformers prefers classes installed here, such as this package's "
+        "model, when the checkpoint has them). Review the code and pin a commit hash (revision=<40-hex sha>, "
+        "--revision).",
+        model_name_or_path,
+        revision or "main",
+    )
+
+
+class SourceNotFound(FileNotFoundError):
+    """A model name that is neither a local folder nor a Hub repo that can be reached: one line naming it."""
+
+
+# "name" or "namespace/name": what a Hub repo id can look like; anything else can only be a local path.
+REPO_ID_SHAPE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name no Hub repo id can be (absolute, ./, ../, ~, more than one slash, a space): a missing folder is then
+    reported as such, without asking the Hub."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or ".." in name or not REPO_ID_SHAPE.match(name)
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def check_source(name: str, what: str = "model", *, revision: str | None = None) -> None:
+    """Refuse, before anything is downloaded, a ``name`` that cannot be loaded: a path-like name that is no folder,
+    or, with ``HF_HUB_OFFLINE`` set, a Hub id the local cache does not hold. ``SourceNotFound`` names the input and
+    the way out in one line. A Hub id online is left to the Hub (``load_config`` words its answer)."""
+    if not isinstance(name, str) or not name:
+        raise SourceNotFound(f"{what}: no model given; give a folder or a Hub repo id (namespace/name)")
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise SourceNotFound(f"{what} {name!r} is a file, not a model folder; give the folder that holds config.json")
+    if _looks_like_path(name):
+        raise SourceNotFound(
+            f"{what} {name!r}: no such folder ({os.path.abspath(path)}); give an existing folder or a Hub repo id "
+            "(namespace/name)"
+        )
+    if _hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = [try_to_load_from_cache(name, f, revision=revision) for f in ("config.json", "adapter_config.json")]
+        if not any(isinstance(c, str) for c in cached):
+            raise SourceNotFound(
+                f"{what} {name!r}: no such folder here, and HF_HUB_OFFLINE is set while the Hub cache holds no copy "
+                "of it; give an existing folder, or unset HF_HUB_OFFLINE to download it"
+            )
+
+
+def _not_found(model_name_or_path: str, error: OSError, what: str = "model") -> OSError:
+    """A Hub lookup of a name that is no local folder failed: often a mistyped relative folder, so say both."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return SourceNotFound(
+        f"{what} {model_name_or_path!r}: there is no local folder of that name ({os.path.abspath(model_name_or_path)})"
+        f" and it could not be loaded as a Hub repo ({first}); check the name, or log in (`hf auth login`) for a "
+        "gated or private repo"
+    )
+
+
+def load_config(model_name_or_path: str, *, revision: str | None = None, trust_remote_code: bool | None = None):
+    """The checkpoint's config, with the errors of ``load_model``: a missing folder given as a path is
+    ``FileNotFoundError``; a name that is neither a local folder nor a Hub repo says both; a checkpoint that needs
+    remote code which was not trusted says how to opt in."""
+    from transformers import AutoConfig
+
+    check_source(model_name_or_path, revision=revision)
+    register_local_model()
+    warn_unpinned_remote_code(model_name_or_path, revision, trust_remote_code)
+    try:
+        return AutoConfig.from_pretrained(model_name_or_path, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        if os.path.isdir(model_name_or_path):
+            raise
+        raise _not_found(model_name_or_path, error) from error
+    except ValueError as error:
+        if trust_remote_code is None and "trust_remote_code" in str(error):
+            raise ValueError(
+                f"{error}\nOpt in only after reviewing the code: trust_remote_code=True (CLI: --trust-remote-code), "
+                "with a commit hash as the revision."
+            ) from error
+        raise
+
+
+def find_adapter(model_name_or_path: str, revision: str | None) -> dict | None:
+    """The ``adapter_config.json`` of a PEFT adapter folder or repo (what ``train --use_peft`` writes), else None.
+    A folder that also holds a full ``config.json`` is a model, not an adapter."""
+    from transformers.utils import find_adapter_config_file
+
+    if os.path.isdir(model_name_or_path) and os.path.isfile(os.path.join(model_name_or_path, "config.json")):
+        return None
+    try:
+        path = find_adapter_config_file(model_name_or_path, revision=revision)
+    except OSError as error:
+        if os.path.isdir(model_name_or_path):
+            raise
+        raise _not_found(model_name_or_path, error) from error
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as handle:
+        adapter = json.load(handle)
+    if not adapter.get("base_model_name_or_path"):
+        raise ValueError(
+            f"{model_name_or_path!r} is a PEFT adapter without base_model_name_or_path: cannot find its base"
+        )
+    return adapter
+
+
+def _load_adapter(model_name_or_path: str, adapter: dict, revision: str | None, quantization: str | None, **kwargs):
+    """Load the adapter's base (quantized or not, checked), then the adapter on it. In full precision the adapter is
+    merged (plain model, full speed); on a 4/8-bit base it stays unmerged (QLoRA inference)."""
+    from transformers import AutoProcessor
+
+    try:
+        from peft import PeftModel
+    except ImportError as error:
+        raise ImportError(
+            f"{model_name_or_path!r} is a PEFT adapter; loading it needs peft: pip install 'llava-normaligned[peft]'"
+        ) from error
+
+    base = adapter["base_model_name_or_path"]
+    model, base_processor, report = load_model(
+        base, revision=adapter.get("revision"), quantization=quantization, return_report=True, **kwargs
+    )
+    model = PeftModel.from_pretrained(model, model_name_or_path, revision=revision)
+    if report.mode is None and not kwargs.get("for_training"):
+        model = model.merge_and_unload()
+    try:
+        processor = AutoProcessor.from_pretrained(
+            model_name_or_path, revision=revision, trust_remote_code=kwargs.get("trust_remote_code")
+        )
+    except (OSError, ValueError):  # an adapter saved without its processor: the base's is the same
+        processor = base_processor
+    logger.info("applied adapter %s to %s%s", model_name_or_path, base, "" if report.mode is None else " (unmerged)")
+    return (model if kwargs.get("for_training") else model.eval()), processor, report
+
+
+def load_model(
+    model_name_or_path: str,
+    *,
+    revision: str | None = None,
+    quantization: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    trust_remote_code: bool | None = TRUST_REMOTE_CODE_DEFAULT,
+    attn_implementation: str | None = None,
+    return_report: bool = False,
+    for_training: bool = False,
+    quant_type: str = "nf4",
+):
+    """Return ``(model, processor)`` for a local folder or a Hub repo (and ``revision``); in eval mode unless
+    ``for_training`` (see the module docstring for what else training changes).
+
+    ``quantization``: None (full precision), ``"4bit"`` (NF4 or ``quant_type``, double quantization) or ``"8bit"``
+    (LLM.int8); the vision tower, the projector and ``lm_head`` stay in floating point and the result is checked
+    (``verify_quantization``). A checkpoint saved quantized loads in its own mode.
+    ``device``: None keeps transformers' default (CPU) in full precision and picks the best available device when
+    quantized; ``"auto"`` picks it in both cases. ``dtype``: of the unquantized weights; default as stored in full
+    precision, bf16 (fp16 on a GPU without bf16) for the quantized path on an accelerator, fp32 on CPU.
+    ``return_report=True`` adds a third element, the ``QuantizationReport``. A PEFT adapter folder or repo loads its
+    base (``base_model_name_or_path``) this way and applies the adapter (merged in full precision).
+    ``trust_remote_code``: None (default) is transformers' own resolution: this package's model and stock LLaVA load
+    with the installed classes and run no code from the checkpoint; a checkpoint whose classes are not installed
+    needs ``True`` (a warning asks to pin a commit hash for a Hub repo).
+    A checkpoint that lacks weights the model needs is refused (they would be randomly initialised); the norm-aligned
+    model's own ``from_pretrained`` allows only its projector norm to be missing (initialised to T/sqrt(D)).
+    Raises ``SourceNotFound`` (a FileNotFoundError) for a name that is no folder and no reachable repo, ImportError
+    without bitsandbytes, RuntimeError when the device cannot run the mode. Never falls back to full precision.
+    """
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    if quantization is not None and quantization not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {quantization!r}")
+    check_source(model_name_or_path, revision=revision)
+    dtype = parse_dtype(dtype)
+    if quantization is not None:
+        require_bitsandbytes()  # before any download
+    register_local_model()
+    adapter = find_adapter(model_name_or_path, revision)
+    if adapter is not None:  # its base, loaded with the same options, then the adapter on it
+        options = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code,
+                   "attn_implementation": attn_implementation, "for_training": for_training, "quant_type": quant_type}
+        model, processor, report = _load_adapter(model_name_or_path, adapter, revision, quantization, **options)
+        return (model, processor, report) if return_report else (model, processor)
+
+    hub_kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
+    config = load_config(model_name_or_path, **hub_kwargs)
+    stored = stored_quantization(config)
+    if stored is not None and quantization is not None and stored != quantization:
+        raise ValueError(
+            f"{model_name_or_path!r} is saved in {stored}; it cannot be loaded as {quantization}. Drop the "
+            "quantization flag to load it as saved."
+        )
+    mode = quantization or stored
+    kwargs, compute_dtype = _placement(mode, device, dtype, for_training)
+    if mode is not None and stored is None:
+        family = family_of(config) or LLAVA
+        kwargs["quantization_config"] = quantization_config(
+            mode, compute_dtype, quant_type=quant_type, keep_unquantized=family.keep_unquantized()
+        )
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model, info = AutoModelForImageTextToText.from_pretrained(
+        model_name_or_path, config=config, output_loading_info=True, **hub_kwargs, **kwargs
+    )
+    _refuse_missing_weights(model_name_or_path, model, info)
+    anatomy_of(model, model_name_or_path)  # a model this package cannot find its parts in is refused here
+    report = verify_quantization(model, mode)
+    if mode == "8bit" and model.dtype != torch.float16:
+        logging.getLogger("bitsandbytes.autograd._functions").addFilter(_INT8_NOTICE_FILTER)
+    logger.info("loaded %s: %s", model_name_or_path, report.summary())
+    processor = AutoProcessor.from_pretrained(model_name_or_path, **hub_kwargs)
+    if not for_training:
+        model.eval()
+    return (model, processor, report) if return_report else (model, processor)
+
+
+def _refuse_missing_weights(source: str, model, info: dict) -> None:
+    """A checkpoint that lacks weights the model needs would run with random ones: refuse it. The norm-aligned
+    model checks itself (its ``from_pretrained``, which the remote copy shares)."""
+    from modeling_llava_normaligned import LlavaNormAlignedConfig
+
+    missing = sorted(info.get("missing_keys") or [])
+    if missing and model.config.model_type != LlavaNormAlignedConfig.model_type:
+        shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        raise ValueError(
+            f"{source}: the checkpoint lacks weights the model needs ({shown}); they would be randomly "
+            "initialised. For a stock LLaVA checkpoint use `llava-normaligned convert`."
+        )
+
+
+def _placement(
+    mode: str | None, device, dtype: torch.dtype | None, for_training: bool = False
+) -> tuple[dict, torch.dtype | None]:
+    """``from_pretrained`` arguments for device and dtype, and the compute dtype of a quantized mode.
+
+    Full precision: dtype as stored unless given; an accelerator gets a ``device_map`` so that weights go straight to
+    it, not through host memory; in training nothing is placed (the Trainer does it). Quantized: bitsandbytes
+    quantizes while loading onto the device, so a device is always resolved (checked against the installed
+    bitsandbytes; in training this process's GPU, ``LOCAL_RANK``) and the unquantized parts get a definite dtype."""
+    import torch
+
+    kwargs: dict = {}
+    if mode is None:
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        if device is not None and not for_training:
+            kwargs["device_map"] = {"": str(resolve_device(device))}
+        return kwargs, None
+    if for_training and device is None:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
+    target = resolve_device("auto" if device is None else device)
+    check_quantization_device(mode, target)
+    compute = compute_dtype_for(target, dtype, training=for_training)
+    kwargs["dtype"] = dtype or (torch.float32 if target.type == "cpu" else compute)
+    kwargs["device_map"] = {"": str(target)}
+    return kwargs, compute
+
+
+# ----------------------------------------------------------------------------------------------------------- CLI
+
+
+def add_trust_remote_code_flags(parser) -> None:
+    """``--trust-remote-code`` (opt in) and ``--no-trust-remote-code`` (refuse without asking); neither: None,
+    transformers' own resolution (installed classes first, which covers this package's model and stock LLaVA)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--trust-remote-code",
+        dest="trust_remote_code",
+        action="store_const",
+        const=True,
+        default=None,
+        help="run the checkpoint's own Python code (a model whose classes are not installed); review it first and "
+        "pin --revision to a commit hash. Not needed for this package's models.",
+    )
+    group.add_argument(
+        "--no-trust-remote-code",
+        dest="trust_remote_code",
+        action="store_const",
+        const=False,
+        help="refuse checkpoint code without asking",
+    )
+
+
+
+
+__all__ = [
+    "DTYPE_NAMES",
+    "KEEP_UNQUANTIZED",
+    "QUANTIZATION_MODES",
+    "QUANTIZED_ROOT",
+    "TRUST_REMOTE_CODE_DEFAULT",
+    "QuantizationReport",
+    "SourceNotFound",
+    "add_trust_remote_code_flags",
+    "check_source",
+    "compute_dtype_for",
+    "dtype_argument",
+    "load_config",
+    "load_model",
+    "parse_device",
+    "parse_dtype",
+    "quantization_config",
+    "resolve_device",
+    "verify_quantization",
+]
