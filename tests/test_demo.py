@@ -281,3 +281,13 @@ def test_the_demo_is_its_own_package_and_training_does_not_use_it():
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             assert not [n for n in names if n.startswith("llava_normaligned.demo")], f"{path.name} imports the demo"
+
+
+def test_bad_seed_count_is_one_clear_error(tmp_path, capsys):
+    from llava_normaligned.demo.run import main as demo_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        demo_main(["--output-dir", str(tmp_path / "out"), "--seeds", "0"])
+    assert exit_info.value.code == 2
+    assert "--seeds must be positive, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing written

@@ -1,11 +1,16 @@
 """The CPU demo's outputs: ``results.json``, ``results.md`` (the paper's Tables 4 and 5 layout) and the figures.
 
-Everything here reads the ``results`` dict that ``run.py`` assembles; nothing is computed twice. Rows of
-``results["rows"]`` (one per variant, then the stock row):
+Everything here reads the ``results`` dict that ``run.py`` assembles (``run.aggregate``: one row per variant over
+its seeds, then the stock row); nothing is computed twice. A row:
 
-    {"name", "key", "recipe", "accuracy": {"real": {template: acc, "avg": acc}, "blank": {...}}, "visual_gain",
-     "norm_ratio": {"init", "after_stage1", "after_stage2"}, "gain_stats": {"init", "after_stage1", "after_stage2"},
-     "tracking": {"stage1": [records], "stage2": [records]}, "train_loss": {...}, "seconds": {...}}
+    {"name", "key", "recipe", "seeds", "training": {"max_grad_norm", "clip_per_part"},
+     "accuracy": {"real": {template: mean, "avg": mean}, "blank": {...}},           means over seeds
+     "accuracy_interval": {"real": {template: Interval.to_dict()}, ...},             mean ± 95% interval (stats.py)
+     "paired_to_baseline": {"real": {template: Interval.to_dict()}, ...} or None,     paired difference to w/o Norm
+     "visual_gain", "norm_ratio": {"init", "after_stage1", "after_stage2"}, "gain_stats": {...},
+     "optimizer_step": {"mean": {...}, "first": {...}},   stage 2: grad_norm[/part], clip_coef, update_size/part
+     "layers": {"layers", "vision": {"norm", "cos_to_prev"}, "text": {...}},   per LLM layer (mechanism.py)
+     "tracking": {"stage1": [records], "stage2": [records]} (the first seed's), "per_seed": [...], "seconds"}
 """
 
 from __future__ import annotations
@@ -108,6 +113,19 @@ def separation_text(rows: list[dict], baseline_name: str) -> str:
             f"{', '.join(not_separated) if not_separated else 'none'}. The tables rank nothing beyond that: rows "
             "whose difference is not separated from zero are not shown better or worse by these runs.")
     return text
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    """The headline table (results.md's first, and the README's): real- and blank-image average accuracy, mean ±
+    95% interval over seeds, and the paired difference to the baseline (``*``: the interval excludes 0)."""
+    lines = ["| method | real images | paired difference to w/o Norm | blank images |", "| --- | --- | --- | --- |"]
+    for row in rows:
+        paired = row.get("paired_to_baseline")
+        diff = "(reference)" if paired is None else (_interval(paired["real"]["avg"], signed=True)
+                                                     + (" *" if _separated(paired["real"]["avg"]) else ""))
+        lines.append(f"| {row['name']} | {_interval(row['accuracy_interval']['real']['avg'])} | {diff} | "
+                     f"{_interval(row['accuracy_interval']['blank']['avg'])} |")
+    return lines
 
 
 def contrast_table(contrasts: list[dict]) -> list[str]:
@@ -274,6 +292,10 @@ def render_markdown(results: dict) -> str:
         (f"Norm gap of the parts (paper RQ1): vision encoder output norm "
          f"{parts['vision_feature_norm']['after_pretraining']:.2f} against text-embedding norm "
          f"{parts['text_embedding_norm']:.3f}."),
+        "",
+        f"## Average accuracy: mean ± 95% interval over {seeds_text} (* = the paired interval excludes 0)",
+        "",
+        *summary_table(rows),
         "",
         f"## Accuracy with the real images (paper Table 4 layout): mean ± 95% interval over {seeds_text}",
         "",
