@@ -106,4 +106,6 @@ def test_per_part_clipping_in_the_trainer(tiny_model, tiny_processor, dataset, t
         factor = min(1.0, share / (pre[part] + 1e-6))
         assert entry[f"clip_coef/{part}"] == pytest.approx(factor, rel=1e-6)
         assert moved[part] == pytest.approx(LR * factor * pre[part], rel=1e-3), part
+    record = next(r for r in result.norm_tracking if r["step"] == 1)
+    assert record["clip_coef/llm"] == entry["clip_coef/llm"]  # in the records the demo reads
     assert entry["grad_norm"] <= 0.05 * (1 + 1e-5) and entry["norm/clip_coef"] == pytest.approx(1.0, rel=1e-4)

@@ -336,8 +336,9 @@ def norm_records(log_history: list[dict]) -> list[dict]:
             record = {"step": entry.get("step"), "epoch": entry.get("epoch")}
             if "loss" in entry:
                 record["loss"] = entry["loss"]
-            # the Trainer's pre-clip total and ``train_stage``'s per part, when logged
-            record.update({k: v for k, v in entry.items() if k == "grad_norm" or k.startswith("grad_norm/")})
+            # the Trainer's pre-clip total, and ``train_stage``'s per part (and its per-part clip factors), when logged
+            record.update({k: v for k, v in entry.items()
+                           if k == "grad_norm" or k.startswith(("grad_norm/", "clip_coef/"))})
             record.update(values)
             records.append(record)
     return records

@@ -679,6 +679,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stage1-steps", type=int, default=None)
     parser.add_argument("--stage2-steps", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--llm-layers", type=int, default=None,
+                        help="decoder layers of the tiny LLM (default 2): more depth for the per-layer mechanism to act "
+                             "over; each run then takes longer")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default 1: fastest for these tiny models; 0 = torch's default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -695,6 +698,11 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         if value < 0 or (value == 0 and name not in ("seed", "threads")):
             flag = "seeds" if name == "num_seeds" else name.replace("_", "-")
             raise ValueError(f"--{flag} must be positive, got {value}")
+    if args.llm_layers is not None:
+        if args.llm_layers < 1:
+            raise ValueError(f"--llm-layers must be positive, got {args.llm_layers}")
+        text = dataclasses.replace(config.parts.text, num_hidden_layers=args.llm_layers)
+        overrides["parts"] = dataclasses.replace(config.parts, text=text)
     return dataclasses.replace(config, **overrides)
 
 
