@@ -1,7 +1,7 @@
 """The CPU demo: the paper's comparison (Li et al., arXiv 2512.08374, Tables 4 and 5) at CPU scale, one command.
 
-    llava-normaligned demo --output-dir ./demo            # about 4 minutes on 2 CPU cores (measured 207-238 s)
-    llava-normaligned demo --output-dir ./demo-ci --quick # about 25 s on 2 CPU cores (measured 24 s), for CI
+    llava-normaligned demo --output-dir ./demo            # one seed, five rows: about 4 minutes on 2 CPU cores (measured 207-238 s); now 3 x 8 runs
+    llava-normaligned demo --output-dir ./demo-ci --quick # one seed: about 25 s on 2 CPU cores (measured 24 s); now 2 x 8 runs, for CI
 
 Nothing is downloaded. In order:
 
@@ -668,11 +668,11 @@ def make_parser() -> argparse.ArgumentParser:
         prog="llava-normaligned demo",
         description="The paper's comparison (Tables 4 and 5) at CPU scale on synthetic images: data, tiny models, both "
                     "stages for each variant plus stock LLaVA, results table, figures and the best checkpoint "
-                    f"({stated('demo')}).",
+                    f"(the one-seed, five-row version: {stated('demo')}; the three-seed default is not yet timed quietly).",
     )
     parser.add_argument("--output-dir", required=True, help="folder for everything the demo writes")
     parser.add_argument("--quick", action="store_true",
-                        help=f"a CI-sized run ({stated('demo_quick')}; numbers meaningless)")
+                        help=f"a CI-sized run (the one-seed version: {stated('demo_quick')}; numbers meaningless)")
     parser.add_argument("--seed", type=int, default=None, help="first training seed (default 42)")
     parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
                         help="how many seeds each row is trained with (seed, seed + 1, ...; default 3, --quick 2)")
