@@ -177,6 +177,16 @@ def gwc_text(rows: list[dict], contrasts: list[dict]) -> str:
     noclip_gwc = c.get(("norm_target_init_gwc_noclip", "norm_target_init_noclip"))
     llm = "update_size/llm"
     vision = "update_size/vision_tower"
+    clipped = stat("norm_target_init_gwc", llm), stat("norm_target_init", llm)
+    if None in clipped or not clipped[1]:
+        verdict = ""
+    elif abs(clipped[0] / clipped[1] - 1) > 0.1:
+        verdict = ("With clipping, GWC changed the LLM's update size by more than 10%: the global clipping carried the "
+                   "compensated parts' gradient into the LLM's step.")
+    else:
+        verdict = ("Even with clipping, GWC changed the LLM's update size by less than 10%: AdamW divides each "
+                   "parameter's gradient by its own running scale, which absorbs a common clip coefficient as it "
+                   "absorbs GWC's factor; only the coefficient's change from step to step reaches the update.")
     return (
         f"With clipping at 1.0, GWC's stage-2 pre-clip gradient norm averaged {_fmt(stat('norm_target_init_gwc', 'grad_norm'), 2)} "
         f"against {_fmt(stat('norm_target_init', 'grad_norm'), 2)} without GWC, and the global clip coefficient "
@@ -185,8 +195,7 @@ def gwc_text(rows: list[dict], contrasts: list[dict]) -> str:
         f"the one without, the vision tower's {ratio(stat('norm_target_init_gwc', vision), stat('norm_target_init', vision))}. "
         f"Without clipping the same ratios were {ratio(stat('norm_target_init_gwc_noclip', llm), stat('norm_target_init_noclip', llm))} "
         f"(LLM) and {ratio(stat('norm_target_init_gwc_noclip', vision), stat('norm_target_init_noclip', vision))} "
-        "(vision tower): AdamW normalises each parameter's gradient by its own running scale, so GWC's factor reaches the "
-        "update mostly through the global clipping. In accuracy, GWC against no GWC: "
+        f"(vision tower). {verdict} In accuracy, GWC against no GWC: "
         f"{_interval(clip_gwc, True) if clip_gwc else 'n/a'} with clipping"
         f"{' (separated from 0)' if clip_gwc and clip_gwc['separated_from_zero'] else ' (not separated from 0)'}, "
         f"{_interval(noclip_gwc, True) if noclip_gwc else 'n/a'} without"
