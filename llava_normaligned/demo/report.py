@@ -405,7 +405,8 @@ def _series(row: dict, metric: str) -> tuple[list[float], list[float], float | N
 
 def _colours(rows: list[dict]) -> dict[str, str]:
     """One colour per method, the same in every figure."""
-    palette = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
+    palette = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+               "tab:cyan", "tab:gray")
     return {row["key"]: palette[i % len(palette)] for i, row in enumerate(rows)}
 
 
@@ -505,6 +506,7 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
                             label=f"{row['name']} ({modality})")
         if curve == "norm":
             ax.set_yscale("log")
+        ax.set_xticks(rows[0]["layers"]["layers"])
         ax.set_xlabel("LLM layer (0: its input); solid: vision tokens, dashed: text tokens")
         ax.set_ylabel(ylabel)
         ax.set_title("after stage 2, mean over seeds")
