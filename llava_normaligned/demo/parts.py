@@ -77,7 +77,7 @@ VARIANTS = (
     Variant("w/ Norm, target init (w/ GWC)", "norm_target_init_gwc", "layernorm", "target", True),
 )
 # Beside the paper's four: GWC with per-part clipping (the steadier alternative, recipe
-# ``ablation_norm-target-init-gwc-part-clip``), and target init with and without GWC trained without clipping
+# ``ablation_norm-target-init-part-clip-gwc``), and target init with and without GWC trained without clipping
 # (what GWC changes under AdamW when the global clipping cannot couple the parts).
 EXTRA_VARIANTS = (
     Variant("w/ Norm, target init (w/ GWC), per-part clipping", "norm_target_init_gwc_part_clip", "layernorm",
