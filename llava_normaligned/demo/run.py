@@ -1,7 +1,7 @@
 """The CPU demo: the paper's comparison (Li et al., arXiv 2512.08374, Tables 4 and 5) at CPU scale, one command.
 
     llava-normaligned demo --output-dir ./demo            # one seed, five rows: about 4 minutes on 2 CPU cores (measured 207-238 s); now 3 x 8 runs
-    llava-normaligned demo --output-dir ./demo-ci --quick # one seed: about 25 s on 2 CPU cores (measured 24 s); now 2 x 8 runs, for CI
+    llava-normaligned demo --output-dir ./demo-ci --quick # about 55 s on 2 CPU cores (measured 56 s): 2 x 8 runs, for CI
 
 Nothing is downloaded. In order:
 
@@ -677,7 +677,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--output-dir", required=True, help="folder for everything the demo writes")
     parser.add_argument("--quick", action="store_true",
-                        help=f"a CI-sized run (the one-seed version: {stated('demo_quick')}; numbers meaningless)")
+                        help=f"a CI-sized run ({stated('demo_quick')}; numbers meaningless)")
     parser.add_argument("--seed", type=int, default=None, help="first training seed (default 42)")
     parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
                         help="how many seeds each row is trained with (seed, seed + 1, ...; default 3, --quick 2)")
