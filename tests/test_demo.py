@@ -15,7 +15,7 @@ import re
 import pytest
 from llava_normaligned.demo import synthetic
 from llava_normaligned.demo.run import torch_threads
-from llava_normaligned.demo.parts import VARIANTS
+from llava_normaligned.demo.parts import EXTRA_VARIANTS, VARIANTS
 from PIL import Image
 
 TEMPLATES = {t.name for t in synthetic.TEMPLATES}
@@ -41,7 +41,7 @@ def results(quick_demo):
 
 def test_every_variant_and_the_stock_row_are_scored_with_real_and_blank_images(results):
     rows = results["rows"]
-    assert [r["key"] for r in rows] == [v.key for v in VARIANTS] + ["stock"]
+    assert [r["key"] for r in rows] == [v.key for v in VARIANTS + EXTRA_VARIANTS] + ["stock"]
     assert rows[-1]["model_class"] == "LlavaForConditionalGeneration"
     assert {r["model_class"] for r in rows[:-1]} == {"LlavaNormAlignedForConditionalGeneration"}
     for row in rows:
@@ -53,6 +53,62 @@ def test_every_variant_and_the_stock_row_are_scored_with_real_and_blank_images(r
         assert row["visual_gain"] == pytest.approx(row["accuracy"]["real"]["avg"] - row["accuracy"]["blank"]["avg"])
     assert rows[-1]["steps"]["single_stage"] == sum(rows[0]["steps"].values())  # same step budget
     assert results["dataset"]["text_only_accuracy_test"] == {t: 0.25 for t in TEMPLATES}
+
+
+def test_every_row_is_trained_with_several_seeds_and_reported_with_intervals(quick_demo, results):
+    from llava_normaligned.demo.stats import mean_interval, paired_difference
+
+    seeds = results["seeds"]
+    assert len(seeds) >= 2 and len(set(seeds)) == len(seeds)
+    rows = {r["key"]: r for r in results["rows"]}
+    baseline = rows["no_norm"]
+    assert baseline["paired_to_baseline"] is None
+    for key, row in rows.items():
+        assert row["seeds"] == seeds and [s["seed"] for s in row["per_seed"]] == seeds
+        reals = [s["real_avg"] for s in row["per_seed"]]
+        interval = row["accuracy_interval"]["real"]["avg"]
+        assert interval == mean_interval(reals).to_dict() and row["accuracy"]["real"]["avg"] == pytest.approx(
+            interval["mean"])
+        if key != "no_norm":  # paired with the baseline's runs of the same seeds
+            expected = paired_difference(reals, [s["real_avg"] for s in baseline["per_seed"]]).to_dict()
+            assert row["paired_to_baseline"]["real"]["avg"] == pytest.approx(expected)
+    text = (quick_demo / "results.md").read_text()
+    assert "Paired differences to w/o Norm" in text and "separate from zero" in text and " ± " in text
+    contrasts = {(c["key"], c["reference"]) for c in results["contrasts"]}
+    assert ("norm_target_init_gwc_part_clip", "norm_target_init_gwc") in contrasts
+    assert ("norm_target_init_gwc_noclip", "norm_target_init_noclip") in contrasts
+    env = results["environment"]
+    assert env["torch"] and env["cpu_capability"] and env["torch_threads"] >= 1
+    assert env["cpu_capability"] in text
+
+
+def test_the_optimizer_step_is_tracked_per_part(results):
+    rows = {r["key"]: r for r in results["rows"]}
+    for key in ("norm_target_init", "norm_target_init_gwc", "norm_target_init_gwc_part_clip"):
+        stats = rows[key]["optimizer_step"]["mean"]
+        for part in ("vision_tower", "projector", "projector_norm", "llm"):
+            assert stats[f"grad_norm/{part}"] > 0 and stats[f"update_size/{part}"] > 0, (key, part)
+        assert 0 < stats["clip_coef"] <= 1
+    assert rows["norm_target_init_noclip"]["training"]["max_grad_norm"] == 0
+    assert rows["norm_target_init_noclip"]["optimizer_step"]["mean"]["clip_coef"] == 1.0  # no clipping
+    part_clip = rows["norm_target_init_gwc_part_clip"]["optimizer_step"]["mean"]
+    assert all(0 < part_clip[f"clip_coef/{p}"] <= 1 for p in ("vision_tower", "projector", "llm"))
+
+
+def test_per_layer_norms_and_directions_after_stage_2(quick_demo, results):
+    layers = results["setup"]["config"]["parts"]["text"]["num_hidden_layers"]
+    for row in results["rows"]:
+        profile = row["layers"]
+        assert profile["layers"] == list(range(layers + 1))
+        for modality in ("vision", "text"):
+            norms, cos = profile[modality]["norm"], profile[modality]["cos_to_prev"]
+            assert len(norms) == layers + 1 and all(v > 0 for v in norms)
+            assert cos[0] is None and all(-1 <= v <= 1 for v in cos[1:])
+    rows = {r["key"]: r for r in results["rows"]}
+    # at the LLM input the image tokens are far above the text without the norm and near it with the target init
+    assert rows["no_norm"]["layers"]["vision"]["norm"][0] > 5 * rows["no_norm"]["layers"]["text"]["norm"][0]
+    text = (quick_demo / "results.md").read_text()
+    assert "cos(h_l, h_{l-1})" in text and "At this depth" in text
 
 
 def test_norm_ratios_at_the_start_and_end_of_each_stage_show_the_gap(results):
@@ -145,9 +201,10 @@ def test_best_model_folder_loads_and_answers(quick_demo, results):
 def test_rerun_reuses_finished_runs_and_refuses_other_settings(quick_demo, results, capsys):
     from llava_normaligned.cli import main
 
-    stamp = os.path.getmtime(quick_demo / "runs" / "no_norm" / "result.json")
+    finished = quick_demo / "runs" / "no_norm" / f"seed{results['seeds'][-1]}" / "result.json"
+    stamp = os.path.getmtime(finished)
     assert _run(quick_demo) == 0
-    assert os.path.getmtime(quick_demo / "runs" / "no_norm" / "result.json") == stamp  # not trained again
+    assert os.path.getmtime(finished) == stamp  # not trained again
     again = json.loads((quick_demo / "results.json").read_text())
     assert [r["accuracy"] for r in again["rows"]] == [r["accuracy"] for r in results["rows"]]
     capsys.readouterr()
@@ -224,3 +281,13 @@ def test_the_demo_is_its_own_package_and_training_does_not_use_it():
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             assert not [n for n in names if n.startswith("llava_normaligned.demo")], f"{path.name} imports the demo"
+
+
+def test_bad_seed_count_is_one_clear_error(tmp_path, capsys):
+    from llava_normaligned.demo.run import main as demo_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        demo_main(["--output-dir", str(tmp_path / "out"), "--seeds", "0"])
+    assert exit_info.value.code == 2
+    assert "--seeds must be positive, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing written

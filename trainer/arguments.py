@@ -53,6 +53,9 @@ class StageConfig:
     skip_unused_vision: bool = field(default=True, metadata={
         "help": "while training, skip the vision layers after the feature layer and SigLIP's pooling head, whose "
                 "outputs LLaVA never reads (same losses and gradients, less compute)"})
+    clip_per_part: bool = field(default=False, metadata={
+        "help": "clip each part's gradient (vision tower, projector, its norm, LLM) to max_grad_norm / sqrt(parts) "
+                "before the global clipping, so one part's large gradient (GWC's) cannot shrink another's step"})
     save_final: bool = field(default=True, metadata={
         "help": "write the final model, processor, training_summary.json and norm_tracking.json to --output-dir"})
 

@@ -16,6 +16,13 @@ extra setup), every logging step:
                                  also logs the pre-clip gradient norm of each part, ``grad_norm/<part>``
                                  (``part_gradient_norms``)
     norm/gwc_factor              1 / clamp(mean |g|, delta), the GWC factor       (paper §5.1; only with GWC on)
+    norm/clip_coef               min(1, max_grad_norm / grad_norm): the factor the Trainer's global gradient clipping
+                                 multiplied every gradient by at the logged step (``grad_norm`` is the Trainer's
+                                 pre-clip total; 1.0 when clipping is off)
+    norm/update_size/<part>      ||delta theta|| / ||theta|| of each part (``vision_tower``, ``projector``,
+                                 ``projector_norm``, ``llm``) over the logged optimizer step: how far the step moved it,
+                                 whatever the optimizer did with the gradient (``update_sizes=False`` turns it off;
+                                 it holds a copy of the trainable parameters during that one step)
 
 On a stock LLaVA (or the "w/o Norm" variant) only the first three are logged: the gain and GWC fields are absent.
 
@@ -110,6 +117,32 @@ def vision_text_norm_ratio(model, batch) -> dict:
             "vision_text_ratio": image_norm / text_norm}
 
 
+def part_parameters(model) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
+    """``{part: [(name, parameter), ...]}`` for the parts ``part_gradient_norms`` names (``vision_tower``,
+    ``projector``, ``projector_norm``, ``llm``); parameters of no part are left out."""
+    anatomy = anatomy_of(model)
+    norm = anatomy.projector_norm
+    norm_ids = {id(p) for p in norm.parameters()} if norm is not None else set()
+    norm_names = {strip_wrappers(n) for n, p in model.named_parameters() if id(p) in norm_ids}
+    parts: dict[str, list] = {}
+    for name, param in model.named_parameters():
+        part = anatomy.part_of(name)
+        if part is None:
+            continue
+        if part == "projector" and norm_names and strip_wrappers(name) in norm_names:
+            part = "projector_norm"
+        parts.setdefault(part, []).append((name, param))
+    return parts
+
+
+def clip_coefficient(total_norm: float, max_grad_norm: float | None) -> float:
+    """The factor ``torch.nn.utils.clip_grad_norm_`` (the Trainer's clipping) multiplies every gradient by:
+    ``min(1, max_grad_norm / (total_norm + 1e-6))``; 1.0 when clipping is off (``max_grad_norm`` None or <= 0)."""
+    if not max_grad_norm or max_grad_norm <= 0:
+        return 1.0
+    return min(1.0, float(max_grad_norm) / (float(total_norm) + 1e-6))
+
+
 @torch.no_grad()
 def part_gradient_norms(model) -> dict[str, float]:
     """The L2 norm of the current gradients of each part: ``vision_tower``, ``projector`` (its linear layers),
@@ -119,22 +152,28 @@ def part_gradient_norms(model) -> dict[str, float]:
     own ``grad_norm`` is their root sum of squares). Under FSDP2 the per-tensor sums are reduced across ranks (a
     collective: every rank calls it alike); under ZeRO the gradients are not held in ``.grad`` and nothing is found.
     """
-    anatomy = anatomy_of(model)
-    norm = anatomy.projector_norm
-    norm_ids = {id(p) for p in norm.parameters()} if norm is not None else set()
-    norm_names = {strip_wrappers(n) for n, p in model.named_parameters() if id(p) in norm_ids}
     squares: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        part = anatomy.part_of(name)
-        if param.grad is None or part is None:
-            continue
-        if part == "projector" and norm_names and strip_wrappers(name) in norm_names:
-            part = "projector_norm"
-        square = param.grad.detach().float().pow(2).sum()
-        if hasattr(square, "full_tensor"):  # a DTensor partial sum (FSDP2)
-            square = square.full_tensor()
-        squares[part] = square if part not in squares else squares[part] + square
+    for part, params in part_parameters(model).items():
+        for _, param in params:
+            if param.grad is None:
+                continue
+            square = param.grad.detach().float().pow(2).sum()
+            if hasattr(square, "full_tensor"):  # a DTensor partial sum (FSDP2)
+                square = square.full_tensor()
+            squares[part] = square if part not in squares else squares[part] + square
     return {part: float(total.sqrt()) for part, total in squares.items()}  # one host sync per part
+
+
+@torch.no_grad()
+def update_sizes(before: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, float]:
+    """``||theta_after - theta_before|| / ||theta_before||`` per part, from ``{part: [(copy_before, param), ...]}``
+    (``param`` read now, after the step). A part whose parameters are all zero gets ``inf`` if it moved, else 0."""
+    sizes = {}
+    for part, pairs in before.items():
+        moved = sum(float((_whole(p.detach()).float() - old.float()).pow(2).sum()) for old, p in pairs)
+        size = sum(float(old.float().pow(2).sum()) for old, _ in pairs)
+        sizes[part] = math.sqrt(moved / size) if size > 0 else (math.inf if moved > 0 else 0.0)
+    return sizes
 
 
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -172,8 +211,11 @@ class NormTrackingCallback(TrainerCallback):
     ``output_dir``: where the final ``norm_tracking.json`` goes (default: the run's ``output_dir``).
     """
 
-    def __init__(self, output_dir: str | None = None):
+    def __init__(self, output_dir: str | None = None, update_sizes: bool = True):
         self.output_dir = output_dir
+        self.track_update_sizes = update_sizes
+        self._before_step = None  # {part: [(copy, param)]} during a logged optimizer step
+        self._update_sizes = None
         self._sum = None  # running sum of per-batch mean token norms (0-d tensor, on the model's device)
         self._batches = 0
         self._grad_abs_mean = None
@@ -183,8 +225,8 @@ class NormTrackingCallback(TrainerCallback):
         self._initial = None
 
     @classmethod
-    def install(cls, trainer, output_dir: str | None = None) -> NormTrackingCallback:
-        callback = cls(output_dir)
+    def install(cls, trainer, output_dir: str | None = None, update_sizes: bool = True) -> NormTrackingCallback:
+        callback = cls(output_dir, update_sizes=update_sizes)
         trainer.callback_handler.callbacks.insert(0, callback)
         return callback
 
@@ -234,6 +276,17 @@ class NormTrackingCallback(TrainerCallback):
         grad = None if norm is None else norm.weight.grad
         if grad is not None and grad.numel():
             self._grad_abs_mean = float(_whole(grad.detach()).float().abs().mean())
+        if self.track_update_sizes:  # after clipping, before the step: keep what the step is about to change
+            self._before_step = {
+                part: [(_whole(p.detach()).clone(), p) for _, p in params if p.requires_grad]
+                for part, params in part_parameters(self._model).items()
+            }
+            self._before_step = {part: pairs for part, pairs in self._before_step.items() if pairs}
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self._before_step is not None:
+            self._update_sizes = update_sizes(self._before_step)
+            self._before_step = None
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 1 and self._initial is not None:
@@ -252,6 +305,11 @@ class NormTrackingCallback(TrainerCallback):
         if logs is None or "loss" not in logs or self._model is None:
             return  # evaluation and end-of-training summaries carry no norm window
         values = {PREFIX + k: v for k, v in self._window_values().items()}
+        if "grad_norm" in logs:  # the Trainer's pre-clip total norm of the logged step
+            values[PREFIX + "clip_coef"] = clip_coefficient(logs["grad_norm"], args.max_grad_norm)
+        if self._update_sizes is not None:
+            values.update({f"{PREFIX}update_size/{part}": v for part, v in self._update_sizes.items()})
+            self._update_sizes = None
         logs.update(values)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(values)  # the Trainer copied `logs` into the history before this call
@@ -279,6 +337,9 @@ def norm_records(log_history: list[dict]) -> list[dict]:
             record = {"step": entry.get("step"), "epoch": entry.get("epoch")}
             if "loss" in entry:
                 record["loss"] = entry["loss"]
+            # the Trainer's pre-clip total, and ``train_stage``'s per part (and its per-part clip factors), when logged
+            record.update({k: v for k, v in entry.items()
+                           if k == "grad_norm" or k.startswith(("grad_norm/", "clip_coef/"))})
             record.update(values)
             records.append(record)
     return records
@@ -297,12 +358,15 @@ def write_norm_tracking(records: list[dict], folder: str) -> str:
 __all__ = [
     "NORM_TRACKING_FILE",
     "NormTrackingCallback",
+    "clip_coefficient",
     "gain_statistics",
     "norm_records",
     "part_gradient_norms",
+    "part_parameters",
     "projected_image_norm",
     "projector_norm_of",
     "text_embedding_norm",
+    "update_sizes",
     "vision_text_norm_ratio",
     "will_log",
     "write_norm_tracking",

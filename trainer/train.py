@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -33,7 +34,14 @@ import torch
 from trl import SFTConfig, SFTTrainer
 
 from .arguments import StageConfig, make_parser, parse_train_args
-from .callbacks import NormTrackingCallback, gain_statistics, norm_records, part_gradient_norms, will_log
+from .callbacks import (
+    NormTrackingCallback,
+    gain_statistics,
+    norm_records,
+    part_gradient_norms,
+    part_parameters,
+    will_log,
+)
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .engines import (
     engine_summary,
@@ -86,10 +94,16 @@ class LlavaStageTrainer(SFTTrainer):
     (``callbacks.part_gradient_norms``, read after the step's last backward, before clipping; the Trainer's
     ``grad_norm`` is their total). Both are read in ``training_step``, a public hook: no private method of the
     Trainer is overridden.
+
+    ``clip_per_part=True`` (``StageConfig.clip_per_part``) clips each part's gradient on its own before the Trainer's
+    global clipping: see ``clip_parts``. The logs then also hold ``clip_coef/<part>``, each part's factor.
     """
 
-    def __init__(self, *args, learning_rates: StageLearningRates | None = None, **kwargs):
+    def __init__(self, *args, learning_rates: StageLearningRates | None = None, clip_per_part: bool = False,
+                 **kwargs):
         self.learning_rates = learning_rates or StageLearningRates()
+        self.clip_per_part = clip_per_part
+        self._part_clip: dict[str, float] = {}
         self.skipped_rows = 0
         self._group_rates: list[float] = []
         self._part_grad_norms: dict[str, float] = {}
@@ -136,9 +150,18 @@ class LlavaStageTrainer(SFTTrainer):
         # After the last micro-batch's backward (the Trainer sets ``sync_gradients`` for it), the gradients are
         # those clipping and the optimizer step are about to use, and the param groups hold this step's rates (the
         # scheduler steps after the optimizer).
-        if self.accelerator.sync_gradients and will_log(self.args, self.state):
-            self._part_grad_norms = part_gradient_norms(model)
-            self._group_rates = [group["lr"] for group in self.optimizer.param_groups]
+        if not self.accelerator.sync_gradients:
+            return loss
+        logged = will_log(self.args, self.state)
+        if logged or self.clip_per_part:
+            norms = part_gradient_norms(model)  # pre-clip
+            if logged:
+                self._part_grad_norms = norms
+                self._group_rates = [group["lr"] for group in self.optimizer.param_groups]
+            if self.clip_per_part:
+                factors = clip_parts(model, norms, self.args.max_grad_norm)
+                if logged:
+                    self._part_clip = factors
         return loss
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
@@ -151,7 +174,31 @@ class LlavaStageTrainer(SFTTrainer):
         if "loss" in logs and self._part_grad_norms:
             logs.update({f"grad_norm/{part}": value for part, value in self._part_grad_norms.items()})
             self._part_grad_norms = {}
+        if "loss" in logs and self._part_clip:
+            logs.update({f"clip_coef/{part}": value for part, value in self._part_clip.items()})
+            self._part_clip = {}
         super().log(logs, start_time)
+
+
+@torch.no_grad()
+def clip_parts(model, norms: dict[str, float], max_grad_norm: float | None) -> dict[str, float]:
+    """Per-part gradient clipping: each part p (``callbacks.part_parameters``) whose pre-clip gradient norm n_p
+    exceeds an equal share of the budget, ``max_grad_norm / sqrt(P)`` (P parts with gradients), has its gradient
+    multiplied by ``share / (n_p + 1e-6)``; the others are left as they are. The clipped total is then at most
+    ``max_grad_norm``, so the Trainer's global clipping that follows changes nothing: a large gradient in one part
+    (the GWC-compensated vision tower and projector) can no longer shrink another part's (the LLM's). Returns each
+    part's factor (1.0 where it was not clipped, and for every part when clipping is off)."""
+    if not max_grad_norm or max_grad_norm <= 0 or not norms:
+        return {part: 1.0 for part in norms}
+    share = float(max_grad_norm) / math.sqrt(len(norms))
+    factors = {part: min(1.0, share / (norm + 1e-6)) for part, norm in norms.items()}
+    for part, params in part_parameters(model).items():
+        factor = factors.get(part, 1.0)
+        if factor < 1.0:
+            for _, param in params:
+                if param.grad is not None:
+                    param.grad.mul_(factor)
+    return factors
 
 
 def _check_args(args: SFTConfig) -> SFTConfig:
@@ -400,6 +447,7 @@ def prepare_stage(
         callbacks=callbacks,
         peft_config=peft_config,
         learning_rates=learning_rates,
+        clip_per_part=config.clip_per_part,
     )
     if peft_config is not None:
         freeze = freeze_for_stage(trainer.model, stage, train_vision=config.train_vision)  # within PEFT's choice

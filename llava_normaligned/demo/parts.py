@@ -57,10 +57,17 @@ class Variant:
     projector_norm: str | None
     norm_init: str = "target"
     gradient_compensation: bool = False
+    # how it trains (the same model fields can train two ways): the Trainer's global clipping threshold
+    # (``max_grad_norm``; 0 = no clipping) and ``StageConfig.clip_per_part``
+    max_grad_norm: float = 1.0
+    clip_per_part: bool = False
 
     def config_fields(self) -> dict:
         return {"projector_norm": self.projector_norm, "norm_init": self.norm_init,
                 "gradient_compensation": self.gradient_compensation}
+
+    def training_fields(self) -> dict:
+        return {"max_grad_norm": self.max_grad_norm, "clip_per_part": self.clip_per_part}
 
 
 VARIANTS = (
@@ -68,6 +75,17 @@ VARIANTS = (
     Variant("w/ Norm, default init", "norm_default_init", "layernorm", "default", False),
     Variant("w/ Norm, target init (w/o GWC)", "norm_target_init", "layernorm", "target", False),
     Variant("w/ Norm, target init (w/ GWC)", "norm_target_init_gwc", "layernorm", "target", True),
+)
+# Beside the paper's four: GWC with per-part clipping (the steadier alternative, recipe
+# ``ablation_norm-target-init-part-clip-gwc``), and target init with and without GWC trained without clipping
+# (what GWC changes under AdamW when the global clipping cannot couple the parts).
+EXTRA_VARIANTS = (
+    Variant("w/ Norm, target init (w/ GWC), per-part clipping", "norm_target_init_gwc_part_clip", "layernorm",
+            "target", True, clip_per_part=True),
+    Variant("w/ Norm, target init (w/o GWC), no clipping", "norm_target_init_noclip", "layernorm", "target", False,
+            max_grad_norm=0.0),
+    Variant("w/ Norm, target init (w/ GWC), no clipping", "norm_target_init_gwc_noclip", "layernorm", "target", True,
+            max_grad_norm=0.0),
 )
 
 

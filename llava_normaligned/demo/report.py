@@ -1,11 +1,16 @@
 """The CPU demo's outputs: ``results.json``, ``results.md`` (the paper's Tables 4 and 5 layout) and the figures.
 
-Everything here reads the ``results`` dict that ``run.py`` assembles; nothing is computed twice. Rows of
-``results["rows"]`` (one per variant, then the stock row):
+Everything here reads the ``results`` dict that ``run.py`` assembles (``run.aggregate``: one row per variant over
+its seeds, then the stock row); nothing is computed twice. A row:
 
-    {"name", "key", "recipe", "accuracy": {"real": {template: acc, "avg": acc}, "blank": {...}}, "visual_gain",
-     "norm_ratio": {"init", "after_stage1", "after_stage2"}, "gain_stats": {"init", "after_stage1", "after_stage2"},
-     "tracking": {"stage1": [records], "stage2": [records]}, "train_loss": {...}, "seconds": {...}}
+    {"name", "key", "recipe", "seeds", "training": {"max_grad_norm", "clip_per_part"},
+     "accuracy": {"real": {template: mean, "avg": mean}, "blank": {...}},           means over seeds
+     "accuracy_interval": {"real": {template: Interval.to_dict()}, ...},             mean ± 95% interval (stats.py)
+     "paired_to_baseline": {"real": {template: Interval.to_dict()}, ...} or None,     paired difference to w/o Norm
+     "visual_gain", "norm_ratio": {"init", "after_stage1", "after_stage2"}, "gain_stats": {...},
+     "optimizer_step": {"mean": {...}, "first": {...}},   stage 2: grad_norm[/part], clip_coef, update_size/part
+     "layers": {"layers", "vision": {"norm", "cos_to_prev"}, "text": {...}},   per LLM layer (mechanism.py)
+     "tracking": {"stage1": [records], "stage2": [records]} (the first seed's), "per_seed": [...], "seconds"}
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ FIGURES = {
     "projector_output_norm": "projector_output_norm.png",
     "norm_gain": "norm_gain.png",
     "accuracy": "accuracy.png",
+    "layer_norm": "layer_norm.png",
+    "layer_cos": "layer_cos.png",
 }
+PARTS = ("vision_tower", "projector", "projector_norm", "llm")
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -54,20 +62,179 @@ def _templates(rows: list[dict]) -> list[str]:
 # ------------------------------------------------------------------------------------------------- tables
 
 
+def _interval(entry: dict, signed: bool = False) -> str:
+    mean = f"{entry['mean']:+.3f}" if signed else f"{entry['mean']:.3f}"
+    return mean if entry.get("half_width") is None else f"{mean} ± {entry['half_width']:.3f}"
+
+
+def _separated(entry: dict) -> bool:
+    return entry.get("half_width") is not None and (entry["low"] > 0 or entry["high"] < 0)
+
+
 def accuracy_table(rows: list[dict], condition: str, baseline_key: str) -> list[str]:
-    """Paper Table 4 layout: one row per method, accuracy per template and the average, each with its change
-    against the "w/o Norm" row."""
+    """Paper Table 4 layout: one row per method, accuracy per template and the average, each the mean over seeds ±
+    the half-width of its 95% interval (Student t)."""
     templates = _templates(rows)
-    reference = next(r for r in rows if r["key"] == baseline_key)["accuracy"][condition]
     lines = ["| Method | " + " | ".join(templates) + " | Avg |", "| --- " * (len(templates) + 2) + "|"]
     for row in rows:
-        accuracy = row["accuracy"][condition]
-        if row["key"] == baseline_key:
-            cells = [_fmt(accuracy[t]) for t in templates + ["avg"]]
-        else:
-            cells = [_delta(accuracy[t], reference[t]) for t in templates + ["avg"]]
+        interval = row["accuracy_interval"][condition]
+        lines.append(f"| {row['name']} | " + " | ".join(_interval(interval[t]) for t in templates + ["avg"]) + " |")
+    return lines
+
+
+def paired_table(rows: list[dict], condition: str, baseline_key: str) -> list[str]:
+    """Each row's paired difference to the baseline (same seeds), mean ± 95% interval; ``*`` marks an interval that
+    does not contain 0."""
+    templates = _templates(rows)
+    lines = ["| Method | " + " | ".join(templates) + " | Avg |", "| --- " * (len(templates) + 2) + "|"]
+    for row in rows:
+        paired = row.get("paired_to_baseline")
+        if paired is None:
+            continue
+        cells = [_interval(paired[condition][t], signed=True) + (" *" if _separated(paired[condition][t]) else "")
+                 for t in templates + ["avg"]]
         lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
     return lines
+
+
+def separation_text(rows: list[dict], baseline_name: str) -> str:
+    """Which paired differences (real-image average) the intervals separate from zero, and nothing more."""
+    separated, not_separated = [], []
+    for row in rows:
+        paired = row.get("paired_to_baseline")
+        if paired is None:
+            continue
+        entry = paired["real"]["avg"]
+        (separated if _separated(entry) else not_separated).append(f"{row['name']} ({_interval(entry, True)})")
+    if rows and rows[0].get("accuracy_interval", {}).get("real", {}).get("avg", {}).get("half_width") is None:
+        return "One seed: no interval, so no difference here is separated from zero."
+    text = (f"Paired differences to {baseline_name} in the real-image average that the 95% intervals separate from "
+            f"zero: {', '.join(separated) if separated else 'none'}. Not separated from zero: "
+            f"{', '.join(not_separated) if not_separated else 'none'}. The tables rank nothing beyond that: rows "
+            "whose difference is not separated from zero are not shown better or worse by these runs.")
+    return text
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    """The headline table (results.md's first, and the README's): real- and blank-image average accuracy, mean ±
+    95% interval over seeds, and the paired difference to the baseline (``*``: the interval excludes 0)."""
+    lines = ["| method | real images | paired difference to w/o Norm | blank images |", "| --- | --- | --- | --- |"]
+    for row in rows:
+        paired = row.get("paired_to_baseline")
+        diff = "(reference)" if paired is None else (_interval(paired["real"]["avg"], signed=True)
+                                                     + (" *" if _separated(paired["real"]["avg"]) else ""))
+        lines.append(f"| {row['name']} | {_interval(row['accuracy_interval']['real']['avg'])} | {diff} | "
+                     f"{_interval(row['accuracy_interval']['blank']['avg'])} |")
+    return lines
+
+
+def contrast_table(contrasts: list[dict]) -> list[str]:
+    lines = ["| Row | against | paired difference, real avg | separated from 0 |", "| --- | --- | --- | --- |"]
+    for c in contrasts:
+        lines.append(f"| {c['name']} | {c['reference_name']} | {_interval(c, signed=True)} | "
+                     f"{'yes' if c['separated_from_zero'] else 'no'} |")
+    return lines
+
+
+def optimizer_table(rows: list[dict]) -> list[str]:
+    """Stage 2, mean over the logged steps and the seeds: pre-clip gradient norms, the global clip coefficient and
+    the update sizes ||delta theta|| / ||theta|| per part."""
+    lines = ["| Method | max_grad_norm | per-part clip | pre-clip grad norm: total (vision / projector / norm / LLM) "
+             "| clip coef | update size: vision / projector / norm / LLM |", "| --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        stats = (row.get("optimizer_step") or {}).get("mean") or {}
+        training = row.get("training") or {}
+        parts = " / ".join(_fmt(stats.get(f"grad_norm/{p}"), 2) for p in PARTS)
+        sizes = " / ".join(_fmt(stats.get(f"update_size/{p}") and stats[f"update_size/{p}"] * 1e3, 2) for p in PARTS)
+        lines.append(f"| {row['name']} | {training.get('max_grad_norm', 'n/a')} | "
+                     f"{'yes' if training.get('clip_per_part') else 'no'} | {_fmt(stats.get('grad_norm'), 2)} "
+                     f"({parts}) | {_fmt(stats.get('clip_coef'), 3)} | {sizes} |")
+    lines.append("")
+    lines.append("Update sizes in units of 1e-3 (per step); n/a: the part is not tracked there (the stock trainer logs no "
+                 "per-part gradient norms; its vision tower is frozen).")
+    return lines
+
+
+def _by_key(rows: list[dict]) -> dict:
+    return {r["key"]: r for r in rows}
+
+
+def gwc_text(rows: list[dict], contrasts: list[dict]) -> str:
+    """What GWC changed under AdamW in this run, from the optimizer-step table and the contrasts."""
+    rows_by = _by_key(rows)
+    need = ("norm_target_init", "norm_target_init_gwc", "norm_target_init_noclip", "norm_target_init_gwc_noclip")
+    if not all(k in rows_by for k in need):
+        return ""
+
+    def stat(key, name):
+        return ((rows_by[key].get("optimizer_step") or {}).get("mean") or {}).get(name)
+
+    def ratio(a, b):
+        return "n/a" if a is None or not b else f"{a / b:.2f}x"
+
+    c = {(x["key"], x["reference"]): x for x in contrasts}
+    clip_gwc = c.get(("norm_target_init_gwc", "norm_target_init"))
+    noclip_gwc = c.get(("norm_target_init_gwc_noclip", "norm_target_init_noclip"))
+    llm = "update_size/llm"
+    vision = "update_size/vision_tower"
+    clipped = stat("norm_target_init_gwc", llm), stat("norm_target_init", llm)
+    if None in clipped or not clipped[1]:
+        verdict = ""
+    elif abs(clipped[0] / clipped[1] - 1) > 0.1:
+        verdict = ("With clipping, GWC changed the LLM's update size by more than 10%: the global clipping carried the "
+                   "compensated parts' gradient into the LLM's step.")
+    else:
+        verdict = ("Even with clipping, GWC changed the LLM's update size by less than 10%: AdamW divides each "
+                   "parameter's gradient by its own running scale, which absorbs a common clip coefficient as it "
+                   "absorbs GWC's factor; only the coefficient's change from step to step reaches the update.")
+    return (
+        f"With clipping at 1.0, GWC's stage-2 pre-clip gradient norm averaged {_fmt(stat('norm_target_init_gwc', 'grad_norm'), 2)} "
+        f"against {_fmt(stat('norm_target_init', 'grad_norm'), 2)} without GWC, and the global clip coefficient "
+        f"{_fmt(stat('norm_target_init_gwc', 'clip_coef'))} against {_fmt(stat('norm_target_init', 'clip_coef'))}. "
+        f"The LLM's update size with GWC was {ratio(stat('norm_target_init_gwc', llm), stat('norm_target_init', llm))} "
+        f"the one without, the vision tower's {ratio(stat('norm_target_init_gwc', vision), stat('norm_target_init', vision))}. "
+        f"Without clipping the same ratios were {ratio(stat('norm_target_init_gwc_noclip', llm), stat('norm_target_init_noclip', llm))} "
+        f"(LLM) and {ratio(stat('norm_target_init_gwc_noclip', vision), stat('norm_target_init_noclip', vision))} "
+        f"(vision tower). {verdict} In accuracy, GWC against no GWC: "
+        f"{_interval(clip_gwc, True) if clip_gwc else 'n/a'} with clipping"
+        f"{' (separated from 0)' if clip_gwc and clip_gwc['separated_from_zero'] else ' (not separated from 0)'}, "
+        f"{_interval(noclip_gwc, True) if noclip_gwc else 'n/a'} without"
+        f"{' (separated from 0)' if noclip_gwc and noclip_gwc['separated_from_zero'] else ' (not separated from 0)'}."
+    )
+
+
+def layer_table(rows: list[dict], curve: str, digits: int) -> list[str]:
+    layers = rows[0]["layers"]["layers"]
+    lines = ["| Method | tokens | " + " | ".join(f"l={i}" for i in layers) + " |",
+             "| --- | --- |" + " --- |" * len(layers)]
+    for row in rows:
+        for modality in ("vision", "text"):
+            values = row["layers"][modality][curve]
+            lines.append(f"| {row['name']} | {modality} | " + " | ".join(_fmt(v, digits) for v in values) + " |")
+    return lines
+
+
+def depth_text(results: dict) -> str:
+    rows = results["rows"]
+    depth = len(rows[0]["layers"]["layers"]) - 1
+    c = {(x["key"], x["reference"]): x for x in results.get("contrasts", [])}
+    parts = []
+    for key in ("norm_target_init", "norm_target_init_gwc"):
+        entry = c.get((key, "no_norm")) or next(
+            ({**r["paired_to_baseline"]["real"]["avg"], "name": r["name"]} for r in rows
+             if r["key"] == key and r.get("paired_to_baseline")), None)
+        if entry is None:
+            continue
+        name = entry.get("name") or key
+        verdict = "separated from zero" if _separated(entry) else "not separated from zero"
+        parts.append(f"{name}: {_interval(entry, True)} against w/o Norm ({verdict})")
+    if not parts:
+        return ""
+    changed = any(_separated(c.get((k, "no_norm"), {"half_width": None}))
+                  for k in ("norm_target_init", "norm_target_init_gwc"))
+    return (f"At this depth ({depth} LLM layers), alignment's effect on the real-image accuracy: {'; '.join(parts)}. "
+            + ("These runs show alignment changing the accuracy at this depth." if changed else
+               "These runs do not show alignment changing the accuracy at this depth."))
 
 
 def gain_table(rows: list[dict]) -> list[str]:
@@ -120,6 +287,9 @@ def render_markdown(results: dict) -> str:
     parts = results["parts"]
     chance = ", ".join(f"{k} {v:.2f}" for k, v in dataset["chance_accuracy"].items())
     text_only = ", ".join(f"{k} {v:.2f}" for k, v in dataset["text_only_accuracy_test"].items())
+    seeds = results.get("seeds") or [setup["config"]["seed"]]
+    seeds_text = f"{len(seeds)} seeds ({', '.join(map(str, seeds))})"
+    env = results.get("environment") or {}
     lines = [
         "# Norm-aligned LLaVA at CPU scale: the paper's comparison on synthetic images",
         "",
@@ -132,19 +302,50 @@ def render_markdown(results: dict) -> str:
          f"{parts['vision_feature_norm']['after_pretraining']:.2f} against text-embedding norm "
          f"{parts['text_embedding_norm']:.3f}."),
         "",
-        "## Accuracy with the real images (paper Table 4 layout; change against w/o Norm)",
+        f"## Average accuracy: mean ± 95% interval over {seeds_text} (* = the paired interval excludes 0)",
+        "",
+        *summary_table(rows),
+        "",
+        f"## Accuracy with the real images (paper Table 4 layout): mean ± 95% interval over {seeds_text}",
         "",
         *accuracy_table(rows, "real", baseline),
         "",
         STOCK_ROW_NOTE,
         "",
+        "## Paired differences to w/o Norm (same seeds, same data; * = the interval excludes 0)",
+        "",
+        *paired_table(rows, "real", baseline),
+        "",
+        separation_text(rows, next(r["name"] for r in rows if r["key"] == baseline)),
+        "",
         "## The same questions with blank images (what the text alone gives; chance 0.25)",
         "",
         *accuracy_table(rows, "blank", baseline),
         "",
-        "## Visual gain: real minus blank",
+        "## Visual gain: real minus blank (mean over seeds)",
         "",
         *gain_table(rows),
+        "",
+        "## What GWC does under AdamW: the optimizer step in stage 2",
+        "",
+        *optimizer_table(rows),
+        "",
+        *contrast_table(results.get("contrasts", [])),
+        "",
+        gwc_text(rows, results.get("contrasts", [])),
+        "",
+        "## The mechanism after stage 2 (paper Fig. 4 (a) and (b), RQ3): per LLM layer, mean over seeds",
+        "",
+        (f"Measured on {results['setup']['config'].get('layer_probe_images')} test questions with their images "
+         "(``llava_normaligned.diagnostics``' residual tap); l=0 is the LLM's input. Mean token norm ||h_l||:"),
+        "",
+        *layer_table(rows, "norm", 3),
+        "",
+        "cos(h_l, h_{l-1}) (1: the tokens keep their direction through the layer):",
+        "",
+        *layer_table(rows, "cos_to_prev", 3),
+        "",
+        depth_text(results),
         "",
         "## Vision/text norm ratio at the LLM input",
         "",
@@ -165,6 +366,9 @@ def render_markdown(results: dict) -> str:
          f"`{results['best']['folder']}`. {SELECTION_NOTE}"),
         "",
         f"Wall time: {results['timing']['total_seconds']:.0f} s ({results['timing']['note']}).",
+        "",
+        (f"Floats depend on the machine: torch {env.get('torch')}, CPU capability {env.get('cpu_capability')}, "
+         f"{env.get('torch_threads')} torch thread(s), {env.get('machine')}."),
         "",
     ]
     return "\n".join(lines)
@@ -201,7 +405,8 @@ def _series(row: dict, metric: str) -> tuple[list[float], list[float], float | N
 
 def _colours(rows: list[dict]) -> dict[str, str]:
     """One colour per method, the same in every figure."""
-    palette = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
+    palette = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+               "tab:cyan", "tab:gray")
     return {row["key"]: palette[i % len(palette)] for i, row in enumerate(rows)}
 
 
@@ -275,16 +480,36 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
     for i, row in enumerate(rows):
         for offset, condition, bar_colour, label in ((-width / 2, "real", "tab:blue", "real images"),
                                                      (width / 2, "blank", "tab:gray", "blank images")):
+            half = row.get("accuracy_interval", {}).get(condition, {}).get("avg", {}).get("half_width")
             bars = ax.bar(i + offset, row["accuracy"][condition]["avg"], width, color=bar_colour,
-                          label=label if i == 0 else None)
+                          label=label if i == 0 else None, yerr=half, capsize=2)
             ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)  # as results.md prints them
     chance = sum(results["dataset"]["chance_accuracy"].values()) / len(results["dataset"]["chance_accuracy"])
     ax.axhline(chance, color="black", linestyle=":", label=f"chance ({chance:.2f})")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([row["name"].replace(", ", ",\n").replace(" (", "\n(") for row in rows], fontsize=7)
-    ax.set_ylabel("test accuracy (mean over templates)")
+    ax.set_ylabel("test accuracy (mean over templates and seeds; bars: 95% interval)")
     ax.set_ylim(0, 1.08)  # room for a value label on a bar at 1.0
     # above the axes, where no bar is: inside, it covered the last (stock) bars
     ax.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     save(fig, "accuracy")
+
+    for name, curve, ylabel in (("layer_norm", "norm", "mean token norm ||h_l|| (log)"),
+                                ("layer_cos", "cos_to_prev", "cos(h_l, h_{l-1})")):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for row in rows:
+            layers = row["layers"]["layers"]
+            for modality, style in (("vision", "-"), ("text", "--")):
+                points = [(l, v) for l, v in zip(layers, row["layers"][modality][curve]) if v is not None]
+                if points:
+                    ax.plot(*zip(*points), style, marker=".", color=colour[row["key"]],
+                            label=f"{row['name']} ({modality})")
+        if curve == "norm":
+            ax.set_yscale("log")
+        ax.set_xticks(rows[0]["layers"]["layers"])
+        ax.set_xlabel("LLM layer (0: its input); solid: vision tokens, dashed: text tokens")
+        ax.set_ylabel(ylabel)
+        ax.set_title("after stage 2, mean over seeds")
+        ax.legend(fontsize=5, ncol=2)
+        save(fig, name)
     return paths

@@ -1,0 +1,37 @@
+"""The demo's multi-seed arithmetic (``llava_normaligned.demo.stats``) against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from llava_normaligned.demo.stats import mean_interval, paired_difference, t_quantile
+
+
+@pytest.mark.parametrize("df, table", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423)])
+def test_t_quantile_matches_the_printed_table(df, table):
+    assert t_quantile(0.975, df) == pytest.approx(table, abs=1e-4)
+    assert t_quantile(0.025, df) == pytest.approx(-table, abs=1e-4)
+
+
+def test_mean_interval_by_hand():
+    # 0.80, 0.90, 1.00: mean 0.9, s = 0.1, s / sqrt(3) = 0.0577350, t_{0.975, 2} = 4.302653
+    interval = mean_interval([0.80, 0.90, 1.00])
+    assert interval.mean == pytest.approx(0.9)
+    assert interval.half_width == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-6)
+    assert interval.low == pytest.approx(0.9 - interval.half_width) and interval.n == 3
+    assert interval.text() == "0.900 ± 0.248"
+    one = mean_interval([0.7])
+    assert one.half_width is None and one.text() == "0.700" and not one.excludes_zero()
+
+
+def test_paired_difference_by_hand():
+    # differences 0.05, 0.00, 0.10: mean 0.05, s = 0.05, half width 4.302653 * 0.05 / sqrt(3) = 0.124207
+    diff = paired_difference([0.90, 0.80, 0.70], [0.85, 0.80, 0.60])
+    assert diff.mean == pytest.approx(0.05)
+    assert diff.half_width == pytest.approx(0.124207, abs=1e-6)
+    assert not diff.excludes_zero()  # -0.074 .. 0.174
+    clear = paired_difference([0.9, 0.91, 0.92], [0.8, 0.8, 0.8])  # 0.10, 0.11, 0.12: s = 0.01
+    assert clear.excludes_zero() and clear.text(signed=True) == "+0.110 ± 0.025"
+    with pytest.raises(ValueError, match="as many values"):
+        paired_difference([1, 2], [1])
