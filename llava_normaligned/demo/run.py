@@ -1,6 +1,6 @@
 """The CPU demo: the paper's comparison (Li et al., arXiv 2512.08374, Tables 4 and 5) at CPU scale, one command.
 
-    llava-normaligned demo --output-dir ./demo            # one seed, five rows: about 4 minutes on 2 CPU cores (measured 207-238 s); now 3 x 8 runs
+    llava-normaligned demo --output-dir ./demo            # 3 seeds x 8 rows: about 18 minutes on 2 CPU cores (measured 1067 s)
     llava-normaligned demo --output-dir ./demo-ci --quick # about 55 s on 2 CPU cores (measured 56 s): 2 x 8 runs, for CI
 
 Nothing is downloaded. In order:
