@@ -137,7 +137,7 @@ def composed(workdir: str):
     if not os.path.isfile(os.path.join(folder, "config.json")):
         model, processor = compose(*build_parts(workdir))
         save(model, processor, folder)
-    return folder, AutoProcessor.from_pretrained(folder)
+    return folder, AutoProcessor.from_pretrained(folder, trust_remote_code=True)
 
 
 # ------------------------------------------------------------------------------------------------------ phases
@@ -200,16 +200,25 @@ def phase_child(args) -> dict:
         load_seconds = time.perf_counter() - start
         start = time.perf_counter()
         prepared, prep = prepare_dataset(dataset, processor, max_length=MAX_LENGTH, drop_text_only=args.kind == "pretrain",
-                                         cache_dir=os.path.join(cache, "prepared"))
+                                         cache_dir=os.path.join(cache, "prepared"), fast_render=args.render != "exact")
         prepare_seconds = time.perf_counter() - start
         result[attempt] = {
             "load": round(load_seconds, 2), "prepare": round(prepare_seconds, 2),
             "total": round(load_seconds + prepare_seconds, 2), **report.seconds, **prep.seconds,
             "image_check_mode": report.image_check, "read_from_cache": [report.read_from_cache, prep.read_from_cache],
+            "rendering": prep.rendering, "rows_rendered_fast": prep.rows_rendered_fast,
         }
         result["rows"] = {"read": report.rows_read, "kept_by_load": report.rows_kept, "to_train": prep.rows_out,
                           "too_long_dropped": prep.too_long_dropped, "text_only_dropped": prep.text_only_dropped,
                           "text_only_rows": prep.text_only_rows, "longest_row_tokens": prep.longest_row_tokens}
+        if attempt == "first" and args.render == "both":  # the same rendering with every row through jinja
+            start = time.perf_counter()
+            _, exact = prepare_dataset(dataset, processor, max_length=MAX_LENGTH,
+                                       drop_text_only=args.kind == "pretrain", fast_render=False,
+                                       cache_dir=os.path.join(cache, "prepared_jinja"))
+            result["first_jinja"] = {"prepare": round(time.perf_counter() - start, 2), **exact.seconds,
+                                     "rendering": exact.rendering, "rows_out": exact.rows_out}
+            assert exact.rows_out == prep.rows_out and exact.longest_row_tokens == prep.longest_row_tokens
         del dataset, prepared
     result["peak_rss_mib_phases"] = peak_rss_mib()
     result["floor"] = measure_floor(path, processor)
@@ -219,7 +228,7 @@ def phase_child(args) -> dict:
 
 def run_phases(args, kind: str, n_rows: int) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--_phase-child", "--kind", kind, "--n", str(n_rows),
-               "--workdir", args.workdir, "--check-images", args.check_images]
+               "--workdir", args.workdir, "--check-images", args.check_images, "--render", args.render]
     if args.drop_caches:
         command.append("--drop-caches")
     out = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -237,7 +246,12 @@ def print_phases(result: dict) -> None:
         timing = result[attempt]
         parts = "  ".join(f"{k} {timing[k]:.1f}s ({timing[k] / floor:.2f}x)" for k in
                           ("parse", "image_check", "hash", "render", "filter", "total") if k in timing)
-        print(f"  {attempt:6s} {parts}  [images: {timing['image_check_mode']}]")
+        print(f"  {attempt:6s} {parts}  [images: {timing['image_check_mode']}; rendering: {timing.get('rendering')}, "
+              f"{timing.get('rows_rendered_fast')} rows fast]")
+    if "first_jinja" in result:
+        jinja = result["first_jinja"]
+        print(f"  jinja  render {jinja['render']:.1f}s ({jinja['render'] / floor:.2f}x): fast path "
+              f"{result['first']['render'] / jinja['render']:.2f}x of it")
     print(f"  peak RSS MiB: {result['peak_rss_mib_phases']}")
 
 
@@ -269,7 +283,8 @@ def end_to_end(args, kind: str, n_rows: int) -> dict:
     command = [sys.executable, "-m", "llava_normaligned.cli", "train", "--stage", str(stage), *model,
                "--data-path", path, "--image-folder", images, "--max_steps", "2",
                "--per_device_train_batch_size", "4", "--max_length", str(MAX_LENGTH), "--report_to", "none",
-               "--save_strategy", "no", "--gradient_checkpointing", "False", "--dataloader_num_workers", "0"]
+               "--save_strategy", "no", "--gradient_checkpointing", "False", "--dataloader_num_workers", "0",
+               "--render", "exact" if args.render == "exact" else "fast"]
     result = {"kind": kind, "rows": n_rows, "stage": stage, "cpus": os.cpu_count()}
     for attempt in ("first", "second"):
         output = tempfile.mkdtemp(prefix="bench_data_run_", dir=args.workdir)
@@ -397,6 +412,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kinds", default="pretrain,mix", help="pretrain (LLaVA-558K) and/or mix (mix665k)")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "llava_na_bench_data"))
     parser.add_argument("--check-images", default="auto", choices=["auto", "open", "exists", "none"])
+    parser.add_argument("--render", default="fast", choices=["fast", "exact", "both"],
+                        help="prepare_dataset's rendering (train --render): the fast path, every row through jinja, "
+                             "or both (phases: the first run's rendering is also timed through jinja)")
     parser.add_argument("--drop-caches", action="store_true", help="cold files: drop the page cache first (root)")
     parser.add_argument("--no-phases", action="store_true", help="skip the phase timings")
     parser.add_argument("--e2e", action="store_true", help="also time 2-step `train` runs at the largest size")

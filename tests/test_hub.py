@@ -495,6 +495,24 @@ def test_run_without_package_hides_this_installed_package(tmp_path):
     assert json.loads(done.stdout) == [1, ["an argument"]]
 
 
+def test_processor_alone_loads_without_a_prompt_where_the_package_is_absent(tiny_model_dir, tmp_path):
+    # AutoTokenizer reads config.json, whose auto_map names our config: the flag the docs give answers its question
+    code = f"""
+        from transformers import AutoProcessor
+        processor = AutoProcessor.from_pretrained({str(tiny_model_dir)!r}, trust_remote_code=True)
+        print(type(processor).__name__, processor.image_token)
+        """
+    done = run_without_package(code, cwd=tmp_path, env={**os.environ, "HF_MODULES_CACHE": str(tmp_path / "mods")},
+                               timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["LlavaProcessor", "<image>"]
+    assert "custom code" not in done.stdout + done.stderr and "model of type" not in done.stderr
+    # without the flag it asks (and with no terminal falls back, warning): what the docs say
+    done = run_without_package(code.replace(", trust_remote_code=True", ""), cwd=tmp_path, timeout=120,
+                               env={**os.environ, "HF_MODULES_CACHE": str(tmp_path / "mods")})
+    assert "Do you wish to run the custom code?" in done.stdout + done.stderr
+
+
 def with_custom_tokenizer(folder) -> None:
     """Make the folder's tokenizer a class of its own remote code, named by tokenizer_config.json's auto_map only."""
     (folder / "tokenization_custom.py").write_text(

@@ -47,6 +47,11 @@ class StageConfig:
     on_too_long: str = field(default="drop", metadata={
         "help": "a row longer than max_length (images included): 'drop' (counted) or 'error'; never truncated",
         "choices": ["drop", "error"]})
+    render: str = field(default="fast", metadata={
+        "help": "how rows are rendered with the chat template: 'fast' (each conversation shape rendered once and the "
+                "rows laid into it where that gives the template's text exactly, checked on a sample; the rest "
+                "through jinja) or 'exact' (every row through jinja)",
+        "choices": ["fast", "exact"]})
     on_bad_image: str = field(default="error", metadata={
         "help": "a missing/unreadable image: 'error' (names the row) or 'skip' (drop it, counted)",
         "choices": ["error", "skip"]})

@@ -25,12 +25,26 @@ Two ways to find the spans, in this order:
    one: the template writes an answer in a way that depends on the answer's own text (Qwen3 moving
    ``<think>...</think>`` reasoning of the last turn into its think block, for instance), or drops or repeats an
    assistant message. Such rows need a template with ``{% generation %}`` markers.
+
+Rendering every row through jinja twice is most of the up-front cost at LLaVA-558K scale, so placeholder rendering
+has a fast path (``fast=True``, the default) that gives the same text and spans. Once per conversation *shape* (the
+roles in order and where the images are) the template is rendered with a placeholder in every text slot: the
+*skeleton*, the template's own text between the slots. Probe contents with leading and trailing whitespace,
+newlines, quotes, backslashes and jinja syntax then show, for each slot, whether the template writes the content as
+given or strips it (``trim``, ``lstrip('\n')``, ...). A shape whose probes do not fit one such rule is rendered by
+jinja, row by row. A row of a fitted shape is the skeleton with its contents put in, unless a content is blank or
+contains a string the template tests content against (a literal the template uses with ``in``, a method call or a
+filter, such as Qwen3's ``'</think>' in content``): such rows, whose rendering may branch on their text, go through
+jinja. Every shape's first row and one row in ``VERIFY_EVERY`` are also rendered by jinja and compared; a difference
+raises ``FastRenderMismatch``, and ``prepare_dataset`` then renders every row by jinja (``fast=False``) and says so.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
+from typing import Callable
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -42,8 +56,115 @@ MARKED_TEMPLATE_HINT = (
 )
 
 
+SLOT = "@@llava-normaligned text {}@@"
+VERIFY_EVERY = 128  # fast-rendered rows compared with jinja's rendering: each shape's first row and one in this many
+
+# How a template may write a message's content: as given or stripped (jinja's `trim` is str.strip()).
+CONTENT_RULES: tuple[tuple[str, Callable[[str], str]], ...] = (
+    ("as given", lambda text: text),
+    ("strip", str.strip),
+    ("lstrip", str.lstrip),
+    ("rstrip", str.rstrip),
+    ("strip newlines", lambda text: text.strip("\n")),
+    ("lstrip newlines", lambda text: text.lstrip("\n")),
+    ("rstrip newlines", lambda text: text.rstrip("\n")),
+)
+# Probe contents around a slot's placeholder: they tell the rules apart, and catch escaping or re-rendering.
+PROBES: tuple[Callable[[str], str], ...] = (
+    lambda slot: f" {slot} ",
+    lambda slot: f"\n{slot}\n",
+    lambda slot: f"\n\n \t{slot}\t \n",
+    lambda slot: f" \n{slot} \n\n",
+    lambda slot: f"{slot} {{{{ x }}}} {{% if %}} {{# c #}} \\ ' \" & < > %s \u00e9 \u4e2d 1.\n- * #",
+)
+# Where a string constant in a template only builds output or compares a role/type: not a test of the content.
+_INERT_PARENTS = ("Output", "Concat", "Add", "Getitem", "Getattr", "Assign", "CondExpr", "Pair", "Dict", "List",
+                  "Tuple", "Keyword")
+
+
 class TemplateError(ValueError):
     """The chat template cannot show where the assistant's answers are."""
+
+
+class FastRenderMismatch(RuntimeError):
+    """A fast-rendered row differs from jinja's rendering of it (``prepare_dataset`` then renders every row by jinja)."""
+
+
+@dataclass(frozen=True)
+class _Skeleton:
+    """A conversation shape's rendering: ``segments[0] + rule[0](text[0]) + segments[1] + ... + segments[n]``."""
+
+    segments: tuple[str, ...]
+    rules: tuple[Callable[[str], str], ...]
+
+    def fill(self, texts: list[str]) -> str:
+        out = [self.segments[0]]
+        for rule, text, segment in zip(self.rules, texts, self.segments[1:]):
+            out += (rule(text), segment)
+        return "".join(out)
+
+
+def _shape(parts: list[dict]) -> tuple:
+    return tuple((message["role"], tuple(item["type"] for item in message["content"])) for message in parts)
+
+
+def _texts(parts: list[dict]) -> list[str]:
+    return [item["text"] for message in parts for item in message["content"] if item["type"] == "text"]
+
+
+def _with_texts(parts: list[dict], texts: list[str]) -> list[dict]:
+    given = iter(texts)
+    return [{"role": message["role"],
+             "content": [dict(item, text=next(given)) if item["type"] == "text" else item
+                         for item in message["content"]]}
+            for message in parts]
+
+
+def _pieces(rendered: str, segments: tuple[str, ...]) -> list[str] | None:
+    """What a rendering holds between the skeleton's segments, or ``None`` when it is not laid out like them."""
+    if not rendered.startswith(segments[0]):
+        return None
+    pieces, position, last = [], len(segments[0]), len(segments) - 1
+    for k, segment in enumerate(segments[1:], start=1):
+        if k == last:
+            end = len(rendered) - len(segment) if rendered.endswith(segment) else -1
+            if end < position:
+                return None
+        else:
+            end = rendered.find(segment, position)
+            if end < 0:
+                return None
+        pieces.append(rendered[position:end])
+        position = end + len(segment)
+    return pieces
+
+
+def content_literals(template: str) -> tuple[str, ...] | None:
+    """The string constants a template tests text against (``'x' in content``, ``content.split('x')``,
+    ``content | replace('x', ...)``); ``None`` when the template does not parse here (no fast path then)."""
+    from jinja2 import nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        tree = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except Exception:
+        return None
+    found: set[str] = set()
+
+    def visit(node, parent):
+        if isinstance(node, nodes.Const) and isinstance(node.value, str) and node.value:
+            inert = parent is not None and type(parent).__name__ in _INERT_PARENTS
+            if isinstance(parent, nodes.Compare):  # == / != against a role or a type; `in` tests the text
+                inert = all(op.op in ("eq", "ne") for op in parent.ops)
+            if isinstance(parent, nodes.Operand):
+                inert = parent.op in ("eq", "ne")
+            if not inert:
+                found.add(node.value)
+        for child in node.iter_child_nodes():
+            visit(child, node)
+
+    visit(tree, None)
+    return tuple(sorted(found))
 
 
 def has_generation_markers(template: str | None) -> bool:
@@ -89,7 +210,7 @@ class ConversationRenderer:
     yet expanded).
     """
 
-    def __init__(self, processor, chat_template: str | None = None):
+    def __init__(self, processor, chat_template: str | None = None, fast: bool = True):
         self.processor = processor
         self.template = chat_template or processor.chat_template
         if not self.template:
@@ -105,10 +226,73 @@ class ConversationRenderer:
         self.header = self.end_of_turn = ""
         if not self.uses_markers:
             self.header, self.end_of_turn = self._turn_text()
+        literals = None if self.uses_markers or not fast else content_literals(self.template)
+        self.fast = literals is not None
+        self._literals = literals or ()
+        self._skeletons: dict[tuple, _Skeleton | None] = {}
+        self.rows_fast = self.rows_jinja = 0
+        self._verified: set[tuple] = set()
 
     @property
     def method(self) -> str:
         return "generation-markers" if self.uses_markers else "placeholder-rendering"
+
+    def __getstate__(self):  # datasets hashes and pickles the renderer: the per-process state is left out
+        state = dict(self.__dict__)
+        state.update(_skeletons={}, rows_fast=0, rows_jinja=0, _verified=set())
+        return state
+
+    def _skeleton(self, parts: list[dict]) -> _Skeleton | None:
+        """The shape's skeleton and content rules (module docstring), or ``None``: rows of this shape go through
+        jinja."""
+        shape = _shape(parts)
+        if shape not in self._skeletons:
+            self._skeletons[shape] = self._fit_skeleton(parts)
+        return self._skeletons[shape]
+
+    def _fit_skeleton(self, parts: list[dict]) -> _Skeleton | None:
+        slots = [SLOT.format(k) for k in range(len(_texts(parts)))]
+        try:
+            segments = _split_on(self._render(_with_texts(parts, slots))[0], slots)
+            if segments is None or not all(segments[1:-1]):
+                return None
+            segments = tuple(segments)
+            allowed = [list(CONTENT_RULES) for _ in slots]
+            for probe in PROBES:
+                contents = [probe(slot) for slot in slots]
+                pieces = _pieces(self._render(_with_texts(parts, contents))[0], segments)
+                if pieces is None:
+                    return None
+                for k, (content, piece) in enumerate(zip(contents, pieces)):
+                    allowed[k] = [(name, rule) for name, rule in allowed[k] if rule(content) == piece]
+                    if not allowed[k]:
+                        return None
+        except Exception:  # a template may raise anything on probe contents: jinja renders this shape then
+            return None
+        return _Skeleton(segments, tuple(rules[0][1] for rules in allowed))
+
+    def _fast_render(self, parts: list[dict], name: str) -> tuple[str, list[tuple[int, int]]] | None:
+        texts = _texts(parts)
+        if any(not text.strip() or SLOT[:12] in text or any(lit in text for lit in self._literals) for text in texts):
+            return None
+        shape = _shape(parts)
+        skeleton = self._skeleton(parts)
+        if skeleton is None:
+            return None
+        answers = [k for k, message in enumerate(parts) if message["role"] == "assistant"]
+        placeholders = iter(PLACEHOLDER.format(k) for k in range(len(answers)))
+        slot_of_message = [k for k, message in enumerate(parts) for item in message["content"] if item["type"] == "text"]
+        probe_texts = [next(placeholders) if parts[m]["role"] == "assistant" else text
+                       for m, text in zip(slot_of_message, texts)]
+        text = skeleton.fill(texts)
+        spans = self._located_spans(parts, text, name, probe_text=skeleton.fill(probe_texts))
+        self.rows_fast += 1
+        if shape not in self._verified or self.rows_fast % VERIFY_EVERY == 0:
+            self._verified.add(shape)
+            exact = self._render(parts)[0]
+            if exact != text or self._located_spans(parts, exact, name) != spans:
+                raise FastRenderMismatch(f"{name}: the fast rendering differs from the chat template's")
+        return text, spans
 
     def _render(self, messages: list[dict], add_generation_prompt: bool = False, markers: bool = False):
         rendered, spans = render_jinja_template(
@@ -151,22 +335,31 @@ class ConversationRenderer:
             text, spans = self._render(parts, markers=True)
             spans = [(int(s), int(e)) for s, e in spans if e > s]
         else:
-            text, _ = self._render(parts)
-            spans = self._located_spans(parts, text, name)
+            fast = self._fast_render(parts, name) if self.fast else None
+            if fast is not None:
+                text, spans = fast
+            else:
+                self.rows_jinja += 1
+                text, _ = self._render(parts)
+                spans = self._located_spans(parts, text, name)
         if not spans:
             raise TemplateError(f"{name}: the chat template rendered no assistant text to train on")
         return text, spans
 
-    def _located_spans(self, parts: list[dict], text: str, name: str) -> list[tuple[int, int]]:
-        """The answer spans of ``text`` (the rendering of ``parts``), by placeholder rendering (module docstring)."""
+    def _located_spans(self, parts: list[dict], text: str, name: str, probe_text: str | None = None
+                       ) -> list[tuple[int, int]]:
+        """The answer spans of ``text`` (the rendering of ``parts``), by placeholder rendering (module docstring);
+        ``probe_text``: the placeholder rendering when it is known already (the fast path)."""
         answers = [i for i, message in enumerate(parts) if message["role"] == "assistant"]
         placeholders = [PLACEHOLDER.format(k) for k in range(len(answers))]
         if any(p in text for p in placeholders):
             raise TemplateError(f"{name}: the conversation contains the text {PLACEHOLDER.format('N')!r}")
-        probe = list(parts)
-        for placeholder, i in zip(placeholders, answers):
-            probe[i] = _text_message("assistant", placeholder)
-        segments = _split_on(self._render(probe)[0], placeholders)
+        if probe_text is None:
+            probe = list(parts)
+            for placeholder, i in zip(placeholders, answers):
+                probe[i] = _text_message("assistant", placeholder)
+            probe_text = self._render(probe)[0]
+        segments = _split_on(probe_text, placeholders)
 
         def refuse(number: int, why: str):
             return TemplateError(
@@ -204,4 +397,5 @@ class ConversationRenderer:
         return spans
 
 
-__all__ = ["ConversationRenderer", "TemplateError", "has_generation_markers", "template_messages"]
+__all__ = ["ConversationRenderer", "FastRenderMismatch", "TemplateError", "has_generation_markers",
+           "template_messages", "content_literals"]

@@ -32,13 +32,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .masking import ConversationRenderer
+from .masking import ConversationRenderer, FastRenderMismatch
 
 logger = logging.getLogger(__name__)
 
 TOO_LONG_POLICIES = ("drop", "error")
 MAX_LISTED = 10
-CACHE_FORMAT = "prepared-v3"  # changes whenever the rendered columns would change for the same inputs
+CACHE_FORMAT = "prepared-v4"  # changes whenever the rendered columns would change for the same inputs
 PARALLEL_ROWS = 20_000  # from this many rows up the rendering uses every core (default_num_proc)
 MAX_NUM_PROC = 8
 
@@ -53,6 +53,8 @@ class PrepareReport:
     max_length: int | None = None
     image_tokens_per_image: int = 0
     masking: str = ""
+    rendering: str = ""  # "fast" (skeleton + jinja for the rest, trainer/masking.py) or "jinja" (every row)
+    rows_rendered_fast: int = 0  # rows laid into their shape's skeleton instead of rendered by jinja
     longest_row_tokens: int = 0
     cache_file: str | None = None  # where the rendered columns are kept (and shared in a multi-process run)
     read_from_cache: bool = False  # this process read them there instead of rendering
@@ -117,21 +119,24 @@ class _TokenizerCounter:
 def _render_batch(batch: dict, *, renderer: ConversationRenderer, processor, count_tokens, per_image: int) -> dict:
     """datasets.map function: rendered text, answer spans and token count of each row (``use`` False: a row that is
     not trained on, left empty)."""
-    rendered, spans = [], []
+    rendered, spans, fast = [], [], []
     for row_id, messages, n_images, use in zip(batch["id"], batch["messages"], batch["num_images"], batch["use"]):
         if not use:
             rendered.append("")
             spans.append([])
+            fast.append(False)
             continue
+        before = renderer.rows_fast
         text, row_spans = renderer.render(messages, n_images, name=f"row id {row_id!r}")
         rendered.append(text)
         spans.append([list(span) for span in row_spans])
+        fast.append(renderer.rows_fast > before)
     first = next((text for text in rendered if text), None)
     add_special = adds_special_tokens(processor, first) if first is not None else False
     counts = count_tokens(rendered, add_special)
     # each image tag is one token here and becomes `per_image` tokens in the collator
     num_tokens = [n + k * (per_image - 1) if use else 0 for n, k, use in zip(counts, batch["num_images"], batch["use"])]
-    return {"rendered": rendered, "spans": spans, "num_tokens": num_tokens}
+    return {"rendered": rendered, "spans": spans, "num_tokens": num_tokens, "rendered_fast": fast}
 
 
 def _cache_key(text, renderer: ConversationRenderer, processor, per_image: int) -> str:
@@ -142,7 +147,7 @@ def _cache_key(text, renderer: ConversationRenderer, processor, per_image: int) 
     digest = hashlib.blake2b(digest_size=16)
     tokenizer = processor.tokenizer
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    for part in (CACHE_FORMAT, renderer.template, renderer.method, per_image, type(tokenizer).__name__,
+    for part in (CACHE_FORMAT, renderer.template, renderer.method, renderer.fast, per_image, type(tokenizer).__name__,
                  backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items())),
                  repr(sorted(renderer.template_kwargs.items(), key=str))):
         digest.update(str(part).encode("utf-8"))
@@ -176,6 +181,28 @@ def _unindexed(dataset):
     return base, order
 
 
+def _render(rows, renderer: ConversationRenderer, processor, per_image: int, num_proc, cache_dir, report):
+    """(when the map started, the ``datasets.map`` over every row or the cached result of an earlier one with the
+    same key)."""
+    from .data import log_phase
+
+    cache = {}
+    if cache_dir is not None:
+        start = time.perf_counter()
+        key = _cache_key(rows, renderer, processor, per_image)
+        report.seconds["hash"] = log_phase("rows hashed (the rendered-rows cache key)", len(rows), start)
+        os.makedirs(cache_dir, exist_ok=True)
+        report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
+        report.read_from_cache = bool(glob.glob(os.path.join(cache_dir, f"{key}*.arrow")))  # num_proc: shards
+        cache = {"cache_file_name": report.cache_file, "new_fingerprint": key, "load_from_cache_file": True}
+    return time.perf_counter(), rows.map(
+        _render_batch, batched=True, batch_size=256, num_proc=num_proc,
+        fn_kwargs={"renderer": renderer, "processor": processor, "count_tokens": _token_counter(processor),
+                   "per_image": per_image},
+        desc="rendering conversations", **cache,
+    )
+
+
 def prepare_dataset(
     dataset,
     processor,
@@ -186,6 +213,7 @@ def prepare_dataset(
     chat_template: str | None = None,
     num_proc: int | None = None,
     cache_dir: str | None = None,
+    fast_render: bool = True,
 ):
     """Render every row, locate its answers, count its tokens; drop (or refuse) rows longer than ``max_length``.
 
@@ -203,6 +231,9 @@ def prepare_dataset(
             the tokenizer, or read them from it when it is there (``train`` sets it: the next run with the same rows
             reads them instead of rendering, and in a multi-process run the other processes read what the main
             process wrote).
+        fast_render: lay rows into their conversation shape's rendered skeleton where that gives jinja's text
+            exactly (``masking.py``'s fast path, checked on a sample of rows: any difference re-renders every row by
+            jinja); ``False``: every row through jinja.
 
     Returns ``(prepared dataset, PrepareReport)``.
     """
@@ -212,7 +243,7 @@ def prepare_dataset(
 
     if on_too_long not in TOO_LONG_POLICIES:
         raise ValueError(f"on_too_long must be one of {TOO_LONG_POLICIES}, got {on_too_long!r}")
-    renderer = ConversationRenderer(processor, chat_template)
+    renderer = ConversationRenderer(processor, chat_template, fast=fast_render)
     per_image = image_tokens_per_image(processor)
     report = PrepareReport(rows_in=len(dataset), max_length=max_length, image_tokens_per_image=per_image,
                            masking=renderer.method)
@@ -223,26 +254,20 @@ def prepare_dataset(
     counts = count_images(base)
     use = np.zeros(len(base), dtype=bool)
     use[order] = True
-    text = concatenate_datasets([base.select_columns(["id", "messages"]),
+    rows = concatenate_datasets([base.select_columns(["id", "messages"]),
                                  Dataset.from_dict({"num_images": counts, "use": use})], axis=1)
-    cache = {}
-    if cache_dir is not None:
-        start = time.perf_counter()
-        key = _cache_key(text, renderer, processor, per_image)
-        report.seconds["hash"] = log_phase("rows hashed (the rendered-rows cache key)", len(text), start)
-        os.makedirs(cache_dir, exist_ok=True)
-        report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
-        report.read_from_cache = bool(glob.glob(os.path.join(cache_dir, f"{key}*.arrow")))  # num_proc: shards
-        cache = {"cache_file_name": report.cache_file, "new_fingerprint": key, "load_from_cache_file": True}
     if num_proc is None:
         num_proc = default_num_proc(int(use.sum()))
-    start = time.perf_counter()
-    text = text.map(
-        _render_batch, batched=True, batch_size=256, num_proc=num_proc,
-        fn_kwargs={"renderer": renderer, "processor": processor, "count_tokens": _token_counter(processor),
-                   "per_image": per_image},
-        desc="rendering conversations", **cache,
-    )
+    try:
+        start, text = _render(rows, renderer, processor, per_image, num_proc, cache_dir, report)
+    except FastRenderMismatch as err:
+        logger.warning("%s; rendering every row with the chat template instead (slower; --render exact skips the "
+                       "fast path)", err)
+        renderer = ConversationRenderer(processor, chat_template, fast=False)
+        start, text = _render(rows, renderer, processor, per_image, num_proc, cache_dir, report)
+    report.rows_rendered_fast = int(np.count_nonzero(text.data.column("rendered_fast").to_numpy()))
+    report.rendering = "fast" if renderer.fast else "jinja"
+    text = text.remove_columns(["rendered_fast"])
     what = "rendered rows read from the cache" if report.read_from_cache else "rows rendered and tokenized"
     report.seconds["render"] = log_phase(what, len(order), start)
     # decode=False: images reach the collator as paths/bytes and are decoded there, where a failure names its row

@@ -395,11 +395,11 @@ def _shared_cache_dir(args: SFTConfig) -> str | None:
     return default_cache_dir("prepared")
 
 
-def _prepare_rows(dataset, processor, args, *, stage, on_too_long):
+def _prepare_rows(dataset, processor, args, *, stage, config):
     with args.main_process_first(desc="rendering the rows"):  # the others then read what the main process wrote
-        return prepare_dataset(dataset, processor, max_length=args.max_length, on_too_long=on_too_long,
+        return prepare_dataset(dataset, processor, max_length=args.max_length, on_too_long=config.on_too_long,
                                drop_text_only=(stage == 1), num_proc=args.dataset_num_proc,
-                               cache_dir=_shared_cache_dir(args))
+                               cache_dir=_shared_cache_dir(args), fast_render=config.render == "fast")
 
 
 def prepare_stage(
@@ -428,10 +428,9 @@ def prepare_stage(
 
     if peft_config is None:
         freeze = freeze_for_stage(model, stage, train_vision=config.train_vision)
-    prepared, prepare_report = _prepare_rows(train_dataset, processor, args, stage=stage,
-                                             on_too_long=config.on_too_long)
+    prepared, prepare_report = _prepare_rows(train_dataset, processor, args, stage=stage, config=config)
     if eval_dataset is not None:
-        eval_dataset, _ = _prepare_rows(eval_dataset, processor, args, stage=2, on_too_long=config.on_too_long)
+        eval_dataset, _ = _prepare_rows(eval_dataset, processor, args, stage=2, config=config)
     _ddp_finds_unused(args, stage, prepare_report)
     collator = LlavaTrainingCollator(
         processor, max_length=args.max_length, on_bad_image=config.on_bad_image,

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoProcessor
     from vllm import LLM, SamplingParams
 
-    processor = AutoProcessor.from_pretrained(args.model)
+    processor = AutoProcessor.from_pretrained(args.model, trust_remote_code=True)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": args.prompt}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
 
