@@ -256,3 +256,36 @@ def test_image_that_fails_to_decode_in_training(tiny_processor, dataset_files, t
     assert (batch["labels"][0] == IGNORE_INDEX).all()  # the bad row trains nothing
     assert (batch["labels"][1] != IGNORE_INDEX).any()
     assert batch["pixel_values"].shape[0] == 2  # the batch keeps its shape
+
+
+@pytest.mark.parametrize("kind", ["siglip", "clip"])
+def test_pixel_table_is_the_image_processors_arithmetic_bit_for_bit(tiny_processor, dataset_files, kind):
+    import numpy as np
+    from PIL import Image
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from llava_normaligned.trainer.collator import PixelTable
+
+    image_processor = (SiglipImageProcessorPil(size={"height": 40, "width": 40}) if kind == "siglip" else
+                       CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size={"height": 36, "width": 36}))
+    table = PixelTable.of(image_processor)
+    assert table is not None
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((50, 70), (64, 48))]
+    expected = image_processor(images, return_tensors="np")["pixel_values"]
+    raw = image_processor(images, do_rescale=False, do_normalize=False, return_tensors="np")["pixel_values"]
+    assert raw.dtype == np.uint8
+    assert np.array_equal(table(raw), expected) and table(raw).dtype == expected.dtype == np.float32
+    # where the lookup would not be the processor's own arithmetic, there is none
+    assert PixelTable.of(SiglipImageProcessorPil(do_normalize=False)) is None
+
+    # through the collator: the same pixel values as the processor's own path
+    path, images_dir = dataset_files
+    prepared, _ = prepare_dataset(load_llava_json(path, images_dir), tiny_processor, max_length=None)
+    rows = [prepared[i] for i in range(3)]
+    collator = LlavaTrainingCollator(tiny_processor)
+    assert collator.pixel_table is not None
+    plain = LlavaTrainingCollator(tiny_processor)
+    plain.pixel_table = None
+    assert torch.equal(collator(rows)["pixel_values"], plain(rows)["pixel_values"])

@@ -7,7 +7,13 @@ Rows come from ``preprocess.prepare_dataset`` (``id``, ``images``, ``rendered``,
     spans (characters of the answers) --shifted past expanded image tags, matched to token offsets--> labels (B, L)
 
 A label is the token id where a token overlaps an assistant answer, -100 elsewhere: prompts, system text, padding
-and every image token are never trained on. Nothing is truncated here (``prepare_dataset`` already dropped long
+and every image token are never trained on.
+
+Rescaling and normalising the pixels is most of an image processor's arithmetic after the resize. For the stock
+PIL-backend processors (SigLIP, CLIP: resize, crop, then ``(x * rescale_factor - mean) / std``) the collator asks
+for the resized uint8 pixels and maps them through a 256-entry table per channel, computed with the processor's own
+operations in its own order (float64 rescale, float32 cast, float32 normalise), so the result is bit-for-bit the
+processor's (``PixelTable``). Nothing is truncated here (``prepare_dataset`` already dropped long
 rows); a row that is too long anyway is an error naming it.
 """
 
@@ -18,6 +24,7 @@ import io
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .preprocess import adds_special_tokens
@@ -48,6 +55,43 @@ def _decode(image, row_id: str):
         raise ImageDecodeError(
             f"row id {row_id!r}: image {path or '<bytes>'} could not be decoded ({type(err).__name__}: {err})"
         ) from err
+
+
+class PixelTable:
+    """``uint8 (N, C, H, W) -> float32``: the processor's rescale + normalise as one table lookup per channel.
+
+    ``PixelTable.of(image_processor)`` is ``None`` where the lookup would not be the processor's exact arithmetic (a
+    processor that overrides the PIL backend's steps, pads after normalising, or skips either step)."""
+
+    def __init__(self, scale: float, mean, std):
+        from transformers.image_transforms import normalize, rescale
+
+        values = np.arange(256, dtype=np.uint8).reshape(1, 1, 256).repeat(len(mean), axis=0)  # (C, 1, 256)
+        table = normalize(rescale(values, scale, input_data_format="channels_first"), mean, std,
+                          input_data_format="channels_first")
+        self.table = np.ascontiguousarray(table.reshape(len(mean), 256), dtype=np.float32)
+        self.channels = np.arange(len(mean)).reshape(1, -1, 1, 1)
+
+    @classmethod
+    def of(cls, image_processor) -> PixelTable | None:
+        try:
+            from transformers.image_processing_backends import PilBackend
+        except ImportError:
+            return None
+        if not isinstance(image_processor, PilBackend) or type(image_processor)._preprocess is not PilBackend._preprocess:
+            return None
+        if not (image_processor.do_rescale and image_processor.do_normalize) or getattr(image_processor, "do_pad", None):
+            return None
+        mean, std = image_processor.image_mean, image_processor.image_std
+        channels = len(mean) if isinstance(mean, (list, tuple)) else 3
+        mean = list(mean) if isinstance(mean, (list, tuple)) else [mean] * channels
+        std = list(std) if isinstance(std, (list, tuple)) else [std] * channels
+        return cls(image_processor.rescale_factor, mean, std)
+
+    def __call__(self, pixels: np.ndarray) -> np.ndarray:
+        if pixels.dtype != np.uint8 or pixels.ndim != 4 or pixels.shape[1] != self.table.shape[0]:
+            raise ValueError(f"expected uint8 (N, {self.table.shape[0]}, H, W) pixels, got {pixels.dtype} {pixels.shape}")
+        return self.table[self.channels, pixels]
 
 
 def _shift_spans(spans, replacements) -> list[tuple[int, int]]:
@@ -82,6 +126,8 @@ class LlavaTrainingCollator:
         if self.on_bad_image not in ("error", "skip"):
             raise ValueError(f"on_bad_image must be 'error' or 'skip', got {self.on_bad_image!r}")
         self.image_token_id = self.processor.image_token_id
+        image_processor = getattr(self.processor, "image_processor", None)
+        self.pixel_table = PixelTable.of(image_processor) if image_processor is not None else None
 
     def _images(self, rows) -> tuple[list, list[bool]]:
         from PIL import Image
@@ -140,9 +186,12 @@ class LlavaTrainingCollator:
     def __call__(self, rows: list[dict]) -> dict:
         images, usable = self._images(rows)
         texts = [row["rendered"] for row in rows]
+        table = self.pixel_table if images else None
+        pixel_steps = {"do_rescale": False, "do_normalize": False} if table is not None else {}
         batch = self.processor(
             text=texts,
             images=images or None,
+            **pixel_steps,
             padding=True,
             padding_side="right",
             pad_to_multiple_of=self.pad_to_multiple_of,
@@ -151,6 +200,8 @@ class LlavaTrainingCollator:
             return_text_replacement_offsets=True,
             return_tensors="np",  # numpy, then shared with torch: no copy of the pixels or the offsets
         )
+        if table is not None:
+            batch["pixel_values"] = table(batch["pixel_values"])
         batch = {key: torch.from_numpy(value) if hasattr(value, "__array__") and not isinstance(value, list)
                  else value for key, value in batch.items()}
         self._check_lengths(batch, rows)
@@ -165,4 +216,4 @@ class LlavaTrainingCollator:
         return out
 
 
-__all__ = ["IGNORE_INDEX", "SKIPPED_KEY", "ImageDecodeError", "LlavaTrainingCollator"]
+__all__ = ["IGNORE_INDEX", "SKIPPED_KEY", "ImageDecodeError", "LlavaTrainingCollator", "PixelTable"]
