@@ -1,7 +1,8 @@
 """Where a vision-language model is probed: vision tower -> projector (-> its norm) -> language model layers.
 
 The parts are found by ``llava_normaligned.anatomy`` (one table of model families; LLaVA-NeXT and LLaVA-OneVision
-keep LLaVA's paths and are matched by structure). A model without one of them cannot be probed, and ``locate`` says
+keep LLaVA's paths and are matched by structure). For Qwen the projector is the merger inside the vision model, for
+Idefics3 / SmolVLM the connector; Qwen3-VL's deepstack features are probed where they enter the LLM. A model without one of them cannot be probed, and ``locate`` says
 which part is missing.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llava_normaligned.anatomy import AnatomyError, anatomy_of
+from llava_normaligned.anatomy import AnatomyError, Deepstack, anatomy_of
 
 from .config import DiagnosticsError
 
@@ -28,6 +29,11 @@ class ProbePoints:
     embeddings: torch.Tensor  # (V, D) the LLM's input embedding table
     image_token_id: int
     vision_feature_select_strategy: str | None  # "default" drops the CLS token from the vision tower's output
+    family: str = "llava"  # anatomy.Family.name
+    deepstack: Deepstack | None = None  # Qwen3-VL: vision features added inside the LLM
+    deepstack_llm_layers: tuple[int, ...] = ()  # the decoder layers after which they are added
+    deepstack_vision_layers: tuple[int, ...] = ()  # the vision layers they come from
+    placeholder_token_ids: tuple[int, ...] = ()  # image token and the family's others
 
     @property
     def num_layers(self) -> int:
@@ -48,6 +54,8 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
         missing.append("a self_attn module in every decoder layer")
     if missing:
         raise DiagnosticsError(f"cannot probe {model_id!r} ({type(model).__name__}): it has no {'; no '.join(missing)}")
+    family = anatomy.family
+    deepstack = family.deepstack
     return ProbePoints(
         model=model,
         vision_tower=anatomy.vision_tower,
@@ -58,4 +66,9 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
         embeddings=anatomy.input_embeddings.weight,
         image_token_id=int(anatomy.image_token_id),
         vision_feature_select_strategy=getattr(anatomy.config, "vision_feature_select_strategy", None),
+        family=family.name,
+        deepstack=deepstack,
+        deepstack_llm_layers=tuple(deepstack.llm_layers(anatomy.config)) if deepstack else (),
+        deepstack_vision_layers=tuple(deepstack.vision_layers(anatomy.config)) if deepstack else (),
+        placeholder_token_ids=tuple(family.placeholder_token_ids(anatomy.config)),
     )
