@@ -432,7 +432,7 @@ def anatomy_of(model: nn.Module, what: str | None = None, *, require_image_token
     model_type = getattr(config, "model_type", None)
     raise AnatomyError(
         f"{what} ({type(inner).__name__}, model_type {model_type!r}): no {'; no '.join(missing)}. This package "
-        f"knows the parts of: {known()} (a {family.name}-style model keeps them at {family.vision_tower}, "
+        f"knows the parts of: {known()} (the closest, {family.name}, keeps them at {family.vision_tower}, "
         f"{family.projector}, {family.language_model}.{family.decoder_layers})"
     )
 

@@ -334,3 +334,37 @@ def test_a_family_missing_a_part_is_one_line(folders):
         locate(model, "tiny-qwen")
     message = str(error.value)
     assert "\n" not in message and "model.visual.merger" in message
+
+
+def test_an_image_text_model_of_no_known_family_is_one_line_naming_the_missing_parts(tmp_path, capsys):
+    """BLIP-2 (vision model, Q-Former, OPT) loads as an image-text-to-text model but has none of the families' paths."""
+    from transformers import Blip2Config, Blip2ForConditionalGeneration
+
+    config = Blip2Config(
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        qformer_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                            encoder_hidden_size=16, vocab_size=64),
+        text_config=dict(model_type="opt", vocab_size=64, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                         num_attention_heads=2, word_embed_proj_dim=16),
+        num_query_tokens=4, image_token_index=5)
+    folder = str(tmp_path / "blip2")
+    Blip2ForConditionalGeneration(config).save_pretrained(folder)
+    rc = main([folder, "--output-dir", str(tmp_path / "out"), "--no-progress", "--no-plots"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert "Traceback" not in "\n".join(err)
+    line = err[-1]
+    assert "cannot probe" in line and "'blip-2'" in line and "no model." in line
+    assert not os.path.exists(tmp_path / "out" / "diagnostics.json")
+
+
+def test_docs_list_every_family():
+    from llava_normaligned.anatomy import FAMILIES as TABLE
+
+    docs = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "diagnostics.md")
+    with open(docs, encoding="utf-8") as f:
+        text = f.read()
+    rows = [line for line in text.split("### Families", 1)[1].splitlines() if line.startswith("| `")]
+    for family in TABLE:
+        assert any(line.startswith(f"| `{family.name}`") for line in rows), family.name

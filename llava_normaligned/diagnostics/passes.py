@@ -29,12 +29,12 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def _rope_index(model):
     """The base model's ``get_rope_index`` for a family with M-RoPE positions (Qwen2/2.5/3-VL), else None."""
-    from llava_normaligned.anatomy import anatomy_of, family_of
+    from llava_normaligned.anatomy import anatomy_of
 
-    family = family_of(model.config)
-    if family is None or family.positions != "mrope":
+    anatomy = anatomy_of(model)
+    if anatomy.family.positions != "mrope":
         return None
-    return anatomy_of(model).base.get_rope_index
+    return anatomy.base.get_rope_index  # its presence is checked by probe_points.locate
 
 
 def model_positions(model, input_ids: torch.Tensor, mask: torch.Tensor, inputs: dict) -> torch.Tensor:

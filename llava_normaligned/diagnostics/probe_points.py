@@ -52,6 +52,8 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
         missing.append("an image-feature entry point (get_image_features)")
     if not all(hasattr(layer, "self_attn") for layer in anatomy.decoder_layers):
         missing.append("a self_attn module in every decoder layer")
+    if anatomy.family.positions == "mrope" and not callable(getattr(anatomy.base, "get_rope_index", None)):
+        missing.append("an M-RoPE position entry point (get_rope_index)")
     if missing:
         raise DiagnosticsError(f"cannot probe {model_id!r} ({type(model).__name__}): it has no {'; no '.join(missing)}")
     family = anatomy.family

@@ -44,6 +44,7 @@ def _fan_out(*callbacks):
 def load(model_id: str, revision: str | None, config: DiagnoseConfig):
     """(model, processor) of a Hub id or folder; a DiagnosticsError for every way loading can fail (config, device,
     missing package, not a vision-language model)."""
+    from llava_normaligned.anatomy import AnatomyError
     from llava_normaligned.loading import load_config, load_model
 
     try:
@@ -63,6 +64,8 @@ def load(model_id: str, revision: str | None, config: DiagnoseConfig):
             dtype=config.dtype,
             trust_remote_code=config.trust_remote_code,
         )
+    except AnatomyError as err:  # loaded, but its parts are not where any family keeps them
+        raise DiagnosticsError(f"cannot probe {err}") from None
     except (ValueError, KeyError, OSError, RuntimeError, ImportError) as err:  # RuntimeError: a device it lacks
         raise DiagnosticsError(f"cannot load {model_id!r} as an image-text-to-text model: {err}") from err
 
