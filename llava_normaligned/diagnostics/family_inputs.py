@@ -63,6 +63,7 @@ class ExpandingProcessor:
         self.token_types = token_types
 
     def apply_chat_template(self, messages, **kwargs):
+        kwargs.setdefault("tokenize", False)  # a processor's default: the formatted text
         return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, **kwargs)
 
     def expand(self, texts: list[str], images) -> tuple[list[str], dict]:
@@ -78,7 +79,9 @@ class ExpandingProcessor:
                                       add_special_tokens=add_special_tokens, **kwargs))
         if self.token_types:
             encoded["mm_token_type_ids"] = (encoded["input_ids"] == self.image_token_id).int()
-        return {**encoded, **pixels}
+        from transformers import BatchFeature
+
+        return BatchFeature({**encoded, **pixels})  # what transformers' processors return (``.to(device)``)
 
     def batch_decode(self, *args, **kwargs):
         return self.tokenizer.batch_decode(*args, **kwargs)
@@ -96,7 +99,7 @@ def _replace_each(text: str, placeholder: str, replacements) -> str:
 def _check_counts(texts: list[str], placeholder: str, per_text: list[int]):
     counts = [t.count(placeholder) for t in texts]
     if counts != per_text:
-        raise ValueError(f"the prompts hold {counts} {placeholder} placeholders for {per_text} images")
+        raise ValueError(f"the prompts hold {counts} {placeholder} placeholders for {per_text} images (per prompt)")
 
 
 # ------------------------------------------------------------------------------------------------- the parts
@@ -174,8 +177,15 @@ def _image_prompt(rows: int, cols: int, seq_len: int, tokens: dict) -> str:
 
 
 def _expand_idefics3(processor: ExpandingProcessor, texts: list[str], images):
-    # the image processor takes one list of images per prompt (a flat list is one image per prompt here)
-    nested = [list(im) if isinstance(im, (list, tuple)) else [im] for im in images]
+    # the image processor takes one list of images per prompt; a flat list is split by the prompts' placeholders
+    per_text = [t.count(processor.image_token) for t in texts]
+    if all(isinstance(im, (list, tuple)) for im in images):
+        nested = [list(im) for im in images]
+    else:
+        flat, nested = list(images), []
+        for count in per_text:
+            nested, flat = nested + [flat[:count]], flat[count:]
+        nested[-1] += flat  # more images than placeholders: refused below
     _check_counts(texts, processor.image_token, [len(n) for n in nested])
     out = processor.image_processor(images=nested, return_tensors="pt", return_row_col_info=True)
     expanded = []
