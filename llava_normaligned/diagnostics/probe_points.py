@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llava_normaligned.anatomy import AnatomyError, Deepstack, anatomy_of
+from llava_normaligned.anatomy import AnatomyError, Family, anatomy_of
 
 from .config import DiagnosticsError
 
@@ -29,15 +29,19 @@ class ProbePoints:
     embeddings: torch.Tensor  # (V, D) the LLM's input embedding table
     image_token_id: int
     vision_feature_select_strategy: str | None  # "default" drops the CLS token from the vision tower's output
-    family: str = "llava"  # anatomy.Family.name
-    deepstack: Deepstack | None = None  # Qwen3-VL: vision features added inside the LLM
-    deepstack_llm_layers: tuple[int, ...] = ()  # the decoder layers after which they are added
+    family: Family | None = None  # anatomy.Family: where the parts are and what else the family does (deepstack)
+    deepstack_llm_layers: tuple[int, ...] = ()  # Qwen3-VL: the decoder layers after which deepstack features are added
     deepstack_vision_layers: tuple[int, ...] = ()  # the vision layers they come from
     placeholder_token_ids: tuple[int, ...] = ()  # image token and the family's others
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def deepstack(self):
+        """The family's ``anatomy.Deepstack`` (Qwen3-VL), or None."""
+        return self.family.deepstack if self.family is not None else None
 
 
 def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
@@ -68,8 +72,7 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
         embeddings=anatomy.input_embeddings.weight,
         image_token_id=int(anatomy.image_token_id),
         vision_feature_select_strategy=getattr(anatomy.config, "vision_feature_select_strategy", None),
-        family=family.name,
-        deepstack=deepstack,
+        family=family,
         deepstack_llm_layers=tuple(deepstack.llm_layers(anatomy.config)) if deepstack else (),
         deepstack_vision_layers=tuple(deepstack.vision_layers(anatomy.config)) if deepstack else (),
         placeholder_token_ids=tuple(family.placeholder_token_ids(anatomy.config)),

@@ -230,7 +230,8 @@ def _model_facts(model_id: str, revision, points: ProbePoints) -> dict:
         "revision": revision,
         "model_class": type(points.model).__name__,
         "model_type": getattr(config, "model_type", None),
-        "family": points.family,
+        "family": points.family.name,
+        "image_tokens": points.family.image_tokens,  # where the image tokens enter the LLM
         "projector_norm": type(points.projector_norm).__name__ if points.projector_norm is not None else None,
         "norm_target": getattr(config, "norm_target", None),
         "text_model_type": getattr(text_config, "model_type", None),
