@@ -368,3 +368,12 @@ def test_docs_list_every_family():
     rows = [line for line in text.split("### Families", 1)[1].splitlines() if line.startswith("| `")]
     for family in TABLE:
         assert any(line.startswith(f"| `{family.name}`") for line in rows), family.name
+
+
+def test_a_tokenizer_whose_image_token_is_not_the_models_is_refused(folders):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folders["smolvlm"])
+    config.image_token_id = 3
+    with pytest.raises(ValueError, match="config.image_token_id is 3"):
+        load_processor(folders["smolvlm"], config)

@@ -71,6 +71,8 @@ class ExpandingProcessor:
         return self._expand(self, list(texts), images)
 
     def __call__(self, text=None, images=None, return_tensors="pt", padding=True, add_special_tokens=True, **kwargs):
+        from transformers import BatchFeature
+
         texts = [text] if isinstance(text, str) else list(text)
         pixels = {}
         if images is not None:
@@ -79,8 +81,6 @@ class ExpandingProcessor:
                                       add_special_tokens=add_special_tokens, **kwargs))
         if self.token_types:
             encoded["mm_token_type_ids"] = (encoded["input_ids"] == self.image_token_id).int()
-        from transformers import BatchFeature
-
         return BatchFeature({**encoded, **pixels})  # what transformers' processors return (``.to(device)``)
 
     def batch_decode(self, *args, **kwargs):
@@ -111,11 +111,21 @@ def _chat_template(model_id: str, tokenizer, hub_kwargs: dict) -> str | None:
 
     for name in ("chat_template.jinja", "chat_template.json"):
         path = cached_file(model_id, name, revision=hub_kwargs.get("revision"),
-                           _raise_exceptions_for_missing_entries=False)
+                           _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False)
         if path:
             with open(path, encoding="utf-8") as f:
                 return f.read() if name.endswith(".jinja") else json.load(f)["chat_template"]
     return getattr(tokenizer, "chat_template", None)
+
+
+def _checked(processor: ExpandingProcessor, config, model_id: str) -> ExpandingProcessor:
+    """The tokenizer's image token must be the model's (``config.image_token_id``): else no image would be placed."""
+    expected = getattr(config, "image_token_id", None)
+    if expected is not None and processor.image_token_id != expected:
+        raise ValueError(f"{model_id}: the tokenizer's image token {processor.image_token!r} has id "
+                         f"{processor.image_token_id}, the model's config.image_token_id is {expected}")
+    return processor
 
 
 def _parts(model_id: str, hub_kwargs: dict):
@@ -157,7 +167,8 @@ def _expand_qwen(processor: ExpandingProcessor, texts: list[str], images):
 def build_qwen_vl(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
     tokenizer, image_processor, template = _parts(model_id, hub_kwargs)
     image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
-    return ExpandingProcessor(tokenizer, image_processor, template, image_token, _expand_qwen, token_types=True)
+    processor = ExpandingProcessor(tokenizer, image_processor, template, image_token, _expand_qwen, token_types=True)
+    return _checked(processor, config, model_id)
 
 
 # -------------------------------------------------------------------------------------------- Idefics3, SmolVLM
@@ -208,7 +219,7 @@ def build_idefics3(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
         "fake": getattr(tokenizer, "fake_image_token", None) or "<fake_token_around_image>",
         "global": getattr(tokenizer, "global_image_token", None) or "<global-img>",
     }
-    return processor
+    return _checked(processor, config, model_id)
 
 
 __all__ = ["BUILDERS", "ExpandingProcessor", "build_idefics3", "build_qwen_vl", "load_processor", "register"]
