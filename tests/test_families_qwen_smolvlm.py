@@ -276,12 +276,14 @@ def test_mrope_positions_and_cached_steps_are_the_models_own(family, folders):
     assert torch.allclose(passes.run(model, inputs, appended=appended).logits, own_longer, atol=1e-5)
 
 
-def test_idefics3_inputs_equal_transformers_own_processor(folders):
-    """Idefics3's processor needs no torchvision: the builder's expansion (tiles, row markers, global image) equals
-    it token for token, and its pixels too."""
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_idefics3_and_smolvlm_inputs_equal_transformers_own_processor(family, folders):
+    """Idefics3's processor needs no torchvision (SmolVLM's, which writes the same image prompt, needs it and
+    num2words): the builder's expansion (tiles, row markers, global image) equals it token for token, and its pixels
+    too."""
     from transformers import Idefics3Processor
 
-    _, processor = load_model(folders["idefics3"])
+    _, processor = load_model(folders[family])
     own = Idefics3Processor(image_processor=processor.image_processor, tokenizer=processor.tokenizer,
                             image_seq_len=processor.image_seq_len, chat_template=processor.chat_template)
     images = [Image.open(s.image_path).convert("RGB") for s in _samples(2)]
