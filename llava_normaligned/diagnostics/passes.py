@@ -1,7 +1,8 @@
 """The forward passes the probes are read from: teacher-forced passes, greedy decoding, cached single steps.
 
 All take a left-padded batch (``Batch.inputs``): position ids are counted over the real tokens only, so a padded
-row is computed as it would be alone (with M-RoPE, Qwen's: the model's own 3-D positions of the real tokens). Everything runs under ``torch.inference_mode``.
+row is computed as it would be alone (with M-RoPE, Qwen's: the model's own 3-D positions of the real tokens).
+Everything runs under ``torch.inference_mode``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The parts are found by ``llava_normaligned.anatomy`` (one table of model families; LLaVA-NeXT and LLaVA-OneVision
 keep LLaVA's paths and are matched by structure). For Qwen the projector is the merger inside the vision model, for
-Idefics3 / SmolVLM the connector; Qwen3-VL's deepstack features are probed where they enter the LLM. A model without one of them cannot be probed, and ``locate`` says
-which part is missing.
+Idefics3 / SmolVLM the connector; Qwen3-VL's deepstack features are probed where they enter the LLM. A model without
+one of them cannot be probed, and ``locate`` says which part is missing.
 """
 
 from __future__ import annotations

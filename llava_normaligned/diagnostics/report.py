@@ -288,7 +288,7 @@ def deepstack_rows(numbers: dict) -> list[str]:
         return []
     lines = [
         "", f"Deepstack features of `{numbers['model_id']}`, {deepstack['entry']}:", "",
-        "| LLM layer | vision layer | ‖feature‖ mean | / T | ‖h‖ of the image tokens there | ‖feature‖ / ‖h‖ |",
+        "| LLM layer | vision layer | ‖feature‖ mean | / T | ‖h‖ of the image tokens | ‖feature‖ / ‖h‖ |",
         "|---|---|---|---|---|---|",
     ]
     for row in deepstack["layers"]:

@@ -259,7 +259,8 @@ def deepstack_summary(points: ProbePoints, acc: Accumulators, target: float | No
             "hidden_norm": hidden,
             "ratio_to_hidden": features["mean"] / hidden["mean"] if features and hidden and hidden["mean"] else None,
         })
-    return {"entry": "added to the image tokens' hidden states after decoder layer llm_layer", "layers": layers}
+    entry = "each added to the image tokens' hidden states after the LLM layer shown (0-based)"
+    return {"entry": entry, "layers": layers}
 
 
 def _cat(values):
