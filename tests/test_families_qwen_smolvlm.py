@@ -379,3 +379,24 @@ def test_a_tokenizer_whose_image_token_is_not_the_models_is_refused(folders):
     config.image_token_id = 3
     with pytest.raises(ValueError, match="config.image_token_id is 3"):
         load_processor(folders["smolvlm"], config)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "smolvlm"])
+def test_batched_and_unbatched_runs_agree(family, folders):
+    """Left padding changes nothing, M-RoPE positions, tiles and deepstack features included."""
+    model, processor = load_model(folders[family])
+    one = probe_model(model, processor, _config(batch_size=1, alphas=(0.5, 1.0), max_new_tokens=3), _samples(3))
+    three = probe_model(model, processor, _config(batch_size=3, alphas=(0.5, 1.0), max_new_tokens=3), _samples(3))
+    for modality in ("vision", "text"):
+        for stat in ("norm", "cos_to_layer0", "cos_to_prev", "update_rel"):
+            a, b = one["layers"][modality][stat], three["layers"][modality][stat]
+            assert [x is None for x in a] == [x is None for x in b]
+            assert [x for x in a if x is not None] == pytest.approx([x for x in b if x is not None], rel=1e-4,
+                                                                   abs=1e-6)
+    assert one["alpha_sweep"]["rows"][0]["logit_kl"] == pytest.approx(
+        three["alpha_sweep"]["rows"][0]["logit_kl"], rel=1e-3, abs=1e-7)
+    assert one["kv_substitution"]["kl_real_hybrid"] == pytest.approx(
+        three["kv_substitution"]["kl_real_hybrid"], rel=1e-3, abs=1e-7)
+    if family == "qwen3_vl":
+        for a, b in zip(one["deepstack"]["layers"], three["deepstack"]["layers"]):
+            assert a["hidden_norm"]["mean"] == pytest.approx(b["hidden_norm"]["mean"], rel=1e-4)
