@@ -11,7 +11,11 @@ bitsandbytes skip lists and PEFT targets use):
     family_of(config).keep_unquantized()   # ["model.vision_tower", "model.multi_modal_projector", "lm_head"]
     part_of("base_model.model.model.vision_tower.encoder.layers.0.mlp.fc1.lora_A.default.weight")  # "vision_tower"
 
-Adding a family is adding one ``Family`` to ``FAMILIES``. A model whose ``model_type`` is in no entry is matched by
+Adding a family is adding one ``Family`` to ``FAMILIES``. A projector may live inside the vision tower (Qwen's
+``model.visual.merger``): its parameters then belong to the projector, not to the tower (the most specific path wins),
+and the tower's LoRA targets leave it out. Optional fields describe what else a family does: connectors besides the
+projector (Qwen3-VL's deepstack mergers), placeholder tokens besides the image token, M-RoPE positions, and deepstack
+features added inside the LLM (``Deepstack``). A model whose ``model_type`` is in no entry is matched by
 structure: the first family whose required paths all resolve (LLaVA-NeXT and LLaVA-OneVision keep LLaVA's paths).
 When none fits, ``AnatomyError`` names what the closest family misses. (The model file keeps its own path to its
 norm, ``PROJECTOR_NORM_PATH``: remote code cannot import this package.)
@@ -36,6 +40,31 @@ class AnatomyError(ValueError):
 
 
 @dataclass(frozen=True)
+class Deepstack:
+    """Vision features added to the LLM's hidden states inside its decoder stack (Qwen3-VL's DeepStack).
+
+    The vision tower's layer ``indexes[i]`` (``config.<indexes_key>``) goes through merger ``i`` (``mergers``, a
+    ModuleList path) and is added to the hidden states of the image positions after LLM decoder layer ``i``
+    (transformers' ``Qwen3VLTextModel._deepstack_process``): LLM layers ``0 .. len(indexes) - 1`` receive them. The
+    text model receives the features as its ``features_kwarg`` forward argument, the positions as ``mask_kwarg``."""
+
+    mergers: str
+    indexes_key: str = "vision_config.deepstack_visual_indexes"
+    features_kwarg: str = "deepstack_visual_embeds"
+    mask_kwarg: str = "visual_pos_masks"
+
+    def vision_layers(self, config) -> list[int]:
+        value = config
+        for key in self.indexes_key.split("."):
+            value = value.get(key) if isinstance(value, dict) else getattr(value, key, None)
+        return [int(i) for i in (value or ())]
+
+    def llm_layers(self, config) -> list[int]:
+        """The LLM decoder layers after which the features are added, in the order of ``vision_layers``."""
+        return list(range(len(self.vision_layers(config))))
+
+
+@dataclass(frozen=True)
 class Family:
     """The module paths of one VLM family, relative to the model with its LM head (``...ForConditionalGeneration``).
 
@@ -57,6 +86,16 @@ class Family:
     llm_linear_names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     vision_linear_names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
     notes: str = ""
+    # --- optional: what other families do (defaults: LLaVA's behaviour)
+    # connectors besides the projector, feeding the LLM too (Qwen3-VL's deepstack mergers): the "projector" part
+    extra_projectors: tuple[str, ...] = ()
+    # config keys of placeholder tokens besides the image token (Qwen's vision start/end, the video token)
+    placeholder_token_keys: tuple[str, ...] = ()
+    # "1d": one position per token; "mrope": Qwen's 3-D M-RoPE positions, from the base model's get_rope_index
+    positions: str = "1d"
+    deepstack: Deepstack | None = None
+    # where the image tokens enter the LLM, in words (docs/diagnostics.md's families table)
+    image_tokens: str = "the image token is expanded to one position per projected vision token"
 
     # ----------------------------------------------------------------------------------------- module paths
     @property
@@ -64,9 +103,24 @@ class Family:
         """Part -> the module paths whose parameters belong to it (for freezing, lr groups, parameter counts)."""
         return {
             "vision_tower": (self.vision_tower,),
-            "projector": (self.projector,),
+            "projector": (self.projector, *self.extra_projectors),
             "llm": (self.language_model, self.lm_head),
         }
+
+    @property
+    def nested_projectors(self) -> tuple[str, ...]:
+        """The connectors that live inside the vision tower's module (Qwen's ``model.visual.merger``): their
+        parameters are the projector's, not the tower's, although they are under the tower's path."""
+        return tuple(p for p in self.part_prefixes["projector"] if p.startswith(self.vision_tower + "."))
+
+    def placeholder_token_ids(self, config) -> list[int]:
+        """The ids of the image token and the family's other placeholder tokens found in ``config``."""
+        ids = []
+        for key in (*self.image_token_keys, *self.placeholder_token_keys):
+            value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
+                ids.append(value)
+        return ids
 
     @property
     def projector_norm_path(self) -> str | None:
@@ -80,7 +134,8 @@ class Family:
         """Modules kept in floating point under 4/8-bit loading, by full path: bitsandbytes matches an entry from
         the start of the path or as a suffix (a bare ``vision_tower`` matches nothing in a LLaVA), and a custom list
         replaces transformers' default one, so ``lm_head`` is named too."""
-        return [self.vision_tower, self.projector, self.lm_head]
+        nested = self.nested_projectors  # kept with the tower that holds them
+        return [self.vision_tower, *(p for p in self.part_prefixes["projector"] if p not in nested), self.lm_head]
 
     def lora_targets(self, vision: bool = False) -> str:
         """A PEFT ``target_modules`` regex (matched whole against module names): the LLM's attention and MLP
@@ -88,7 +143,9 @@ class Family:
         llm = rf".*{_escaped(self.language_model)}\..*\.({'|'.join(self.llm_linear_names)})"
         if not vision:
             return llm
-        tower = rf".*{_escaped(self.vision_tower)}\..*\.({'|'.join(self.vision_linear_names)})"
+        # the tower's own layers, not those of a projector inside it
+        inside = "".join(rf"(?!{_escaped(p[len(self.vision_tower) + 1:])}\.)" for p in self.nested_projectors)
+        tower = rf".*{_escaped(self.vision_tower)}\.{inside}.*\.({'|'.join(self.vision_linear_names)})"
         return f"({llm}|{tower})"
 
     @property
@@ -130,8 +187,68 @@ LLAVA_NORMALIGNED = replace(
     notes="this package's model: LLaVA with the norm-aligned LayerNorm after the projector (paper §5.1)",
 )
 
+# Qwen2-VL, Qwen2.5-VL, Qwen3-VL: the merger (patch merger: 2x2 patches -> one token, then an MLP) is the vision
+# model's last module; the LLM's image tokens are <|image_pad|> between <|vision_start|> and <|vision_end|>, one per
+# merged token, positioned by M-RoPE.
+_QWEN_VL = dict(
+    base="model",
+    vision_tower="model.visual",
+    projector="model.visual.merger",
+    language_model="model.language_model",
+    image_token_keys=("image_token_id",),
+    placeholder_token_keys=("vision_start_token_id", "vision_end_token_id", "video_token_id"),
+    positions="mrope",
+    image_tokens="<|vision_start|> <|image_pad|> x prod(grid_thw)/merge_size^2 <|vision_end|>; M-RoPE positions",
+)
+QWEN2_VL = Family(
+    name="qwen2_vl",
+    model_types=("qwen2_vl",),
+    vision_linear_names=("qkv", "proj", "fc1", "fc2"),
+    notes="transformers' Qwen2VLForConditionalGeneration: merger = LayerNorm, then a 2-layer MLP",
+    **_QWEN_VL,
+)
+QWEN2_5_VL = Family(
+    name="qwen2_5_vl",
+    model_types=("qwen2_5_vl",),
+    vision_linear_names=("qkv", "proj", "gate_proj", "up_proj", "down_proj"),
+    notes="transformers' Qwen2_5_VLForConditionalGeneration: merger = RMSNorm, then a 2-layer MLP",
+    **_QWEN_VL,
+)
+QWEN3_VL = Family(
+    name="qwen3_vl",
+    model_types=("qwen3_vl",),
+    vision_linear_names=("qkv", "proj", "linear_fc1", "linear_fc2"),
+    extra_projectors=("model.visual.deepstack_merger_list",),
+    deepstack=Deepstack(mergers="model.visual.deepstack_merger_list"),
+    notes="transformers' Qwen3VLForConditionalGeneration: merger = LayerNorm before the MLP; deepstack features of "
+    "middle vision layers added to the first LLM layers' image positions",
+    **_QWEN_VL,
+)
+# Idefics3 and SmolVLM (SmolVLM2): SigLIP-style vision model, a connector (pixel shuffle + one linear layer), a Llama.
+_IDEFICS3 = dict(
+    base="model",
+    vision_tower="model.vision_model",
+    projector="model.connector",
+    language_model="model.text_model",
+    image_token_keys=("image_token_id",),
+    image_tokens="per tile <fake_token_around_image><row_i_col_j><image> x image_seq_len, then the global image "
+    "(<global-img>); one <image> per connector output token",
+)
+IDEFICS3 = Family(name="idefics3", model_types=("idefics3",),
+                  notes="transformers' Idefics3ForConditionalGeneration", **_IDEFICS3)
+SMOLVLM = Family(name="smolvlm", model_types=("smolvlm",),
+                 notes="transformers' SmolVLMForConditionalGeneration (SmolVLM, SmolVLM2)", **_IDEFICS3)
+
 # One entry per family. Order matters only for models matched by structure (an unknown model_type).
-FAMILIES: tuple[Family, ...] = (LLAVA_NORMALIGNED, LLAVA)
+FAMILIES: tuple[Family, ...] = (
+    LLAVA_NORMALIGNED,
+    LLAVA,
+    QWEN2_VL,
+    QWEN2_5_VL,
+    QWEN3_VL,
+    IDEFICS3,
+    SMOLVLM,
+)
 
 
 def strip_wrappers(name: str) -> str:
@@ -236,6 +353,7 @@ class Anatomy:
     input_embeddings: nn.Module
     image_token_id: int | None
     missing: list[str] = field(default_factory=list)
+    deepstack_mergers: nn.ModuleList | None = None  # Family.deepstack's mergers, when the family has them
 
     @property
     def config(self):
@@ -285,6 +403,10 @@ def _find(model: nn.Module, family: Family) -> tuple[dict, list[str]]:
             image_token_id = value
             break
     parts["image_token_id"] = image_token_id
+    if family.deepstack is not None:
+        parts["deepstack_mergers"] = _resolve(model, family.deepstack.mergers, family.base)
+        if parts["deepstack_mergers"] is None:
+            missing.append(f"{family.deepstack.mergers} (the deepstack mergers)")
     return parts, missing
 
 
@@ -310,7 +432,7 @@ def anatomy_of(model: nn.Module, what: str | None = None, *, require_image_token
     model_type = getattr(config, "model_type", None)
     raise AnatomyError(
         f"{what} ({type(inner).__name__}, model_type {model_type!r}): no {'; no '.join(missing)}. This package "
-        f"knows the parts of: {known()} (a {family.name}-style model keeps them at {family.vision_tower}, "
+        f"knows the parts of: {known()} (the closest, {family.name}, keeps them at {family.vision_tower}, "
         f"{family.projector}, {family.language_model}.{family.decoder_layers})"
     )
 
@@ -346,6 +468,7 @@ __all__ = [
     "PARTS",
     "Anatomy",
     "AnatomyError",
+    "Deepstack",
     "Family",
     "anatomy_of",
     "base_model",

@@ -542,7 +542,9 @@ def load_model(
         raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {quantization!r}")
     check_source(model_name_or_path, revision=revision)  # before the imports: a typo fails at once
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
+
+    from .diagnostics.family_inputs import load_processor  # AutoProcessor, or the family's own builder
 
     dtype = parse_dtype(dtype)
     if quantization is not None:
@@ -581,7 +583,7 @@ def load_model(
     if mode == "8bit" and model.dtype != torch.float16:
         logging.getLogger("bitsandbytes.autograd._functions").addFilter(_INT8_NOTICE_FILTER)
     logger.info("loaded %s: %s", model_name_or_path, report.summary())
-    processor = AutoProcessor.from_pretrained(model_name_or_path, **hub_kwargs)
+    processor = load_processor(model_name_or_path, config, **hub_kwargs)
     if not for_training:
         model.eval()
     return (model, processor, report) if return_report else (model, processor)

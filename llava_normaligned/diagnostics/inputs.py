@@ -134,8 +134,11 @@ def _prompt_flags(tokenizer, text: str, prompt: str, row: list[int], image_token
         encoded = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     except (NotImplementedError, ValueError, TypeError):  # a slow tokenizer has no offsets
         return None
-    flags, i = [], 0
+    flags, i, previous = [], 0, None
     for token, (first, last) in zip(encoded["input_ids"], encoded["offset_mapping"]):
+        if token == image_token_id and previous == image_token_id:
+            continue  # ``text`` already expanded: its run of image tokens was consumed at the run's first token
+        previous = token
         if token == image_token_id:
             run = 0
             while i < len(row) and row[i] == image_token_id:
@@ -240,12 +243,15 @@ def _make_batch(processor, config, chunk: list[Sample], max_new_tokens: int, pro
         raise DiagnosticsError(
             f"the processor placed no image token (id {image_token_id}) in a prompt: check the chat template"
         )
+    # a processor that expands the image into more than a run of image tokens (Idefics3's tiles and row markers)
+    # says how: the text is aligned in its expanded form
+    expanded = processor.expand(with_image, images)[0] if callable(getattr(processor, "expand", None)) else with_image
     # the same rule for both encodings, so that the no-image ablation compares the same tokens
-    text_mask, rule = prompt_text_mask(processor, with_image, prompts, inputs, image_token_id)
+    text_mask, rule = prompt_text_mask(processor, expanded, prompts, inputs, image_token_id)
     text_only_mask, rule_text_only = prompt_text_mask(processor, without_image, prompts, text_only, image_token_id,
                                                       rule)
     if rule_text_only != rule:
-        text_mask, rule = prompt_text_mask(processor, with_image, prompts, inputs, image_token_id, rule_text_only)
+        text_mask, rule = prompt_text_mask(processor, expanded, prompts, inputs, image_token_id, rule_text_only)
     return Batch(
         samples=chunk,
         inputs=inputs,

@@ -1,7 +1,8 @@
 """The forward passes the probes are read from: teacher-forced passes, greedy decoding, cached single steps.
 
 All take a left-padded batch (``Batch.inputs``): position ids are counted over the real tokens only, so a padded
-row is computed as it would be alone. Everything runs under ``torch.inference_mode``.
+row is computed as it would be alone (with M-RoPE, Qwen's: the model's own 3-D positions of the real tokens).
+Everything runs under ``torch.inference_mode``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,47 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
+def _rope_index(model):
+    """The base model's ``get_rope_index`` for a family with M-RoPE positions (Qwen2/2.5/3-VL), else None."""
+    from llava_normaligned.anatomy import anatomy_of
+
+    anatomy = anatomy_of(model)
+    if anatomy.family.positions != "mrope":
+        return None
+    return anatomy.base.get_rope_index  # its presence is checked by probe_points.locate
+
+
+def model_positions(model, input_ids: torch.Tensor, mask: torch.Tensor, inputs: dict) -> torch.Tensor:
+    """The positions of a left-padded batch: (B, S) in general; with M-RoPE and an image, (4, B, S): the text
+    positions, then the model's own (temporal, height, width) positions (what its ``generate`` passes)."""
+    text = position_ids(mask)
+    rope_index = _rope_index(model)
+    if rope_index is None or inputs.get("image_grid_thw") is None:
+        return text  # a batch without an image: M-RoPE's three positions are the text position
+    vision, _ = rope_index(input_ids, mm_token_type_ids=inputs["mm_token_type_ids"],
+                           image_grid_thw=inputs["image_grid_thw"], attention_mask=mask)
+    return torch.cat([text[None], vision.to(text.device)], dim=0)
+
+
+def rope_deltas(model, inputs: dict) -> torch.Tensor | None:
+    """(B, 1) M-RoPE offset of the tokens after the prompt: next position = text position + delta; None when the
+    model has plain positions."""
+    positions = model_positions(model, inputs["input_ids"], inputs["attention_mask"], inputs)
+    if positions.ndim == 2:
+        return None
+    real = inputs["attention_mask"].bool()
+    last_vision = positions[1:].masked_fill(~real[None], -1).amax(dim=(0, 2))  # (B,)
+    return (last_vision + 1 - real.sum(-1))[:, None]
+
+
+# inputs holding one entry per token besides the ids and the mask: cut and extended with them
+PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
+
+
+def _per_token(inputs: dict) -> list[str]:
+    return [k for k in PER_TOKEN_KEYS if isinstance(inputs.get(k), torch.Tensor)]
+
+
 def _device_dtype(model):
     parameter = next(model.parameters())
     return parameter.device, parameter.dtype
@@ -34,10 +76,14 @@ def _device_dtype(model):
 
 def _model_inputs(model, inputs: dict, pixel_values=None, appended: torch.Tensor | None = None) -> dict:
     device, dtype = _device_dtype(model)
+    inputs = dict(inputs)
+    if appended is not None:  # (B, n) tokens appended on the right, all real, all text
+        for key in _per_token(inputs):
+            inputs[key] = torch.cat([inputs[key], torch.zeros_like(appended, dtype=inputs[key].dtype)], dim=1)
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], appended], dim=1)
+        mask = inputs["attention_mask"]
+        inputs["attention_mask"] = torch.cat([mask, torch.ones_like(appended, dtype=mask.dtype)], dim=1)
     input_ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    if appended is not None:  # (B, n) tokens appended on the right, all real
-        input_ids = torch.cat([input_ids, appended], dim=1)
-        mask = torch.cat([mask, torch.ones_like(appended, dtype=mask.dtype)], dim=1)
     kwargs = {k: v.to(device) for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
     if "pixel_values" in inputs:
         pixels = inputs["pixel_values"] if pixel_values is None else pixel_values
@@ -45,7 +91,7 @@ def _model_inputs(model, inputs: dict, pixel_values=None, appended: torch.Tensor
     return dict(
         input_ids=input_ids.to(device),
         attention_mask=mask.to(device),
-        position_ids=position_ids(mask).to(device),
+        position_ids=model_positions(model, input_ids, mask, inputs).to(device),
         **kwargs,
     )
 
@@ -58,14 +104,17 @@ def run(model, inputs: dict, *, pixel_values=None, appended=None, logits_to_keep
 
 
 @torch.inference_mode()
-def step(model, cache, token: torch.Tensor, attention_mask: torch.Tensor):
+def step(model, cache, token: torch.Tensor, attention_mask: torch.Tensor, deltas: torch.Tensor | None = None):
     """One cached decoding step: ``token`` (B, 1) after the positions held by ``cache`` (mask (B, S+1) includes it).
-    Returns (logits (B, V) float32, the extended cache)."""
+    ``deltas``: the prompt's ``rope_deltas`` for a model with M-RoPE. Returns (logits (B, V) float32, the cache)."""
     device, _ = _device_dtype(model)
+    positions = position_ids(attention_mask)[:, -1:]  # (B, 1)
+    if deltas is not None:  # M-RoPE: a text token after the image is at (text position + delta) on all three axes
+        positions = torch.cat([positions[None], (positions + deltas)[None].expand(3, -1, -1)], dim=0)
     out = model(
         input_ids=token.to(device),
         attention_mask=attention_mask.to(device),
-        position_ids=position_ids(attention_mask)[:, -1:].to(device),
+        position_ids=positions.to(device),
         use_cache=True,
         **{_cache_kwarg(model): cache},
     )
@@ -79,10 +128,11 @@ def greedy_continuation(model, inputs: dict, max_new_tokens: int) -> torch.Tenso
     out = run(model, inputs, use_cache=True, logits_to_keep=1)
     token = out.logits[:, -1].argmax(-1, keepdim=True).cpu()  # (B, 1)
     cache, mask = output_cache(out), inputs["attention_mask"]
+    deltas = rope_deltas(model, inputs)
     tokens = [token]
     for _ in range(max_new_tokens - 1):
         mask = torch.cat([mask, torch.ones_like(token, dtype=mask.dtype)], dim=1)
-        logits, cache = step(model, cache, token, mask)
+        logits, cache = step(model, cache, token, mask, deltas)
         token = logits.argmax(-1, keepdim=True).cpu()
         tokens.append(token)
     return torch.cat(tokens, dim=1)
@@ -91,9 +141,9 @@ def greedy_continuation(model, inputs: dict, max_new_tokens: int) -> torch.Tenso
 @torch.inference_mode()
 def prefix_cache(model, inputs: dict, pixel_values=None):
     """The KV cache of the prompt without its last token (the blog's Experiment 3 feeds that token separately)."""
-    prefix = {k: v for k, v in inputs.items()}
-    prefix["input_ids"] = inputs["input_ids"][:, :-1]
-    prefix["attention_mask"] = inputs["attention_mask"][:, :-1]
+    prefix = dict(inputs)
+    for key in ("input_ids", "attention_mask", *_per_token(inputs)):
+        prefix[key] = inputs[key][:, :-1]
     return output_cache(run(model, prefix, pixel_values=pixel_values, use_cache=True, logits_to_keep=1))
 
 

@@ -1,8 +1,9 @@
 """Where a vision-language model is probed: vision tower -> projector (-> its norm) -> language model layers.
 
 The parts are found by ``llava_normaligned.anatomy`` (one table of model families; LLaVA-NeXT and LLaVA-OneVision
-keep LLaVA's paths and are matched by structure). A model without one of them cannot be probed, and ``locate`` says
-which part is missing.
+keep LLaVA's paths and are matched by structure). For Qwen the projector is the merger inside the vision model, for
+Idefics3 / SmolVLM the connector; Qwen3-VL's deepstack features are probed where they enter the LLM. A model without
+one of them cannot be probed, and ``locate`` says which part is missing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llava_normaligned.anatomy import AnatomyError, anatomy_of
+from llava_normaligned.anatomy import AnatomyError, Family, anatomy_of
 
 from .config import DiagnosticsError
 
@@ -28,10 +29,19 @@ class ProbePoints:
     embeddings: torch.Tensor  # (V, D) the LLM's input embedding table
     image_token_id: int
     vision_feature_select_strategy: str | None  # "default" drops the CLS token from the vision tower's output
+    family: Family | None = None  # anatomy.Family: where the parts are and what else the family does (deepstack)
+    deepstack_llm_layers: tuple[int, ...] = ()  # Qwen3-VL: the decoder layers after which deepstack features are added
+    deepstack_vision_layers: tuple[int, ...] = ()  # the vision layers they come from
+    placeholder_token_ids: tuple[int, ...] = ()  # image token and the family's others
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def deepstack(self):
+        """The family's ``anatomy.Deepstack`` (Qwen3-VL), or None."""
+        return self.family.deepstack if self.family is not None else None
 
 
 def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
@@ -46,8 +56,12 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
         missing.append("an image-feature entry point (get_image_features)")
     if not all(hasattr(layer, "self_attn") for layer in anatomy.decoder_layers):
         missing.append("a self_attn module in every decoder layer")
+    if anatomy.family.positions == "mrope" and not callable(getattr(anatomy.base, "get_rope_index", None)):
+        missing.append("an M-RoPE position entry point (get_rope_index)")
     if missing:
         raise DiagnosticsError(f"cannot probe {model_id!r} ({type(model).__name__}): it has no {'; no '.join(missing)}")
+    family = anatomy.family
+    deepstack = family.deepstack
     return ProbePoints(
         model=model,
         vision_tower=anatomy.vision_tower,
@@ -58,4 +72,8 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
         embeddings=anatomy.input_embeddings.weight,
         image_token_id=int(anatomy.image_token_id),
         vision_feature_select_strategy=getattr(anatomy.config, "vision_feature_select_strategy", None),
+        family=family,
+        deepstack_llm_layers=tuple(deepstack.llm_layers(anatomy.config)) if deepstack else (),
+        deepstack_vision_layers=tuple(deepstack.vision_layers(anatomy.config)) if deepstack else (),
+        placeholder_token_ids=tuple(family.placeholder_token_ids(anatomy.config)),
     )

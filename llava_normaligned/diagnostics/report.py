@@ -281,6 +281,25 @@ def _alpha_rows(numbers: dict) -> list[str]:
     return lines
 
 
+def deepstack_rows(numbers: dict) -> list[str]:
+    """Qwen3-VL's deepstack features at the LLM layers they enter (``numbers["deepstack"]``); none for others."""
+    deepstack = numbers.get("deepstack")
+    if not deepstack:
+        return []
+    lines = [
+        "", f"Deepstack features of `{numbers['model_id']}`, {deepstack['entry']}:", "",
+        "| LLM layer | vision layer | ‖feature‖ mean | / T | ‖h‖ of the image tokens | ‖feature‖ / ‖h‖ |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in deepstack["layers"]:
+        lines.append(
+            f"| {row['llm_layer']} | {row['vision_layer']} | {_fmt((row['norm'] or {}).get('mean'))} | "
+            f"{_fmt(row['ratio_to_text'])} | {_fmt((row['hidden_norm'] or {}).get('mean'))} | "
+            f"{_fmt(row['ratio_to_hidden'])} |"
+        )
+    return lines
+
+
 FIGURE_CAPTIONS = {
     "fig_norms_cosine.png": "Layer-wise norms and inter-layer cosine per modality (paper Fig. 4)",
     "fig_alpha_sweep.png": "Projector output scaled by α (the blog's Experiment 1)",
@@ -308,6 +327,7 @@ def render_summary(document: dict, figures: list[str] = ()) -> str:
     for label, numbers in pairs:
         lines += ["", f"α sweep of `{numbers['model_id']}` (projector output × α; reference α = 1):", ""]
         lines += _alpha_rows(numbers)
+        lines += deepstack_rows(numbers)
     for name, caption in FIGURE_CAPTIONS.items():
         if name in figures:
             lines += ["", f"![{caption}]({name})"]

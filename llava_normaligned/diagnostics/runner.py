@@ -21,7 +21,7 @@ from . import blog, passes, probes
 from .config import DiagnoseConfig, DiagnosticsError
 from .inputs import Batch, Sample, make_batches
 from .probe_points import ProbePoints, locate
-from .taps import AttentionTap, ProjectorTap, ResidualTap, eager_attention
+from .taps import AttentionTap, DeepstackTap, ProjectorTap, ResidualTap, eager_attention
 from .theory import compare_rotation
 
 
@@ -44,6 +44,7 @@ def _fan_out(*callbacks):
 def load(model_id: str, revision: str | None, config: DiagnoseConfig):
     """(model, processor) of a Hub id or folder; a DiagnosticsError for every way loading can fail (config, device,
     missing package, not a vision-language model)."""
+    from llava_normaligned.anatomy import AnatomyError
     from llava_normaligned.loading import load_config, load_model
 
     try:
@@ -63,6 +64,8 @@ def load(model_id: str, revision: str | None, config: DiagnoseConfig):
             dtype=config.dtype,
             trust_remote_code=config.trust_remote_code,
         )
+    except AnatomyError as err:  # loaded, but its parts are not where any family keeps them
+        raise DiagnosticsError(f"cannot probe {err}") from None
     except (ValueError, KeyError, OSError, RuntimeError, ImportError) as err:  # RuntimeError: a device it lacks
         raise DiagnosticsError(f"cannot load {model_id!r} as an image-text-to-text model: {err}") from err
 
@@ -78,6 +81,7 @@ class Accumulators:
     kv: blog.KVSubstitution
     generated: list
     text_rules: set
+    deepstack: dict  # "features" / "hidden": LLM layer -> list of (N,) norms (Qwen3-VL; empty for other families)
 
     @classmethod
     def new(cls, num_layers: int, alphas) -> Accumulators:
@@ -91,6 +95,7 @@ class Accumulators:
             kv=blog.KVSubstitution(),
             generated=[],
             text_rules=set(),
+            deepstack={"features": {}, "hidden": {}},
         )
 
 
@@ -134,10 +139,13 @@ def _reference_pass(points: ProbePoints, batch: Batch, appended, pos: Positions,
     capture = acc.vision_attention.capture(pos.vision, pos.scored)
     model = points.model
     with eager_attention(model), ProjectorTap(points) as projector, ResidualTap(points) as residual:
-        with AttentionTap(points, _fan_out(mass, capture)):
+        with AttentionTap(points, _fan_out(mass, capture)), DeepstackTap(points) as deepstack:
             out = passes.run(model, batch.inputs, appended=appended, logits_to_keep=n, use_cache=True)
     for stage, values in projector.records.items():
         acc.vision_norms[stage] += values
+    for kind, records in (("features", deepstack.features), ("hidden", deepstack.hidden)):
+        for layer, values in records.items():
+            acc.deepstack[kind].setdefault(layer, []).extend(values)
     stacked = residual.stacked()
     acc.layers.add(stacked, {"vision": pos.vision, "text": pos.prompt_text, "template": pos.template,
                              "all": pos.vision | pos.prompt_text})
@@ -182,8 +190,8 @@ def _kv_substitution(points, batch: Batch, acc: Accumulators):
     real = passes.prefix_cache(model, inputs)
     blank = passes.prefix_cache(model, inputs, pixel_values=batch.blank_pixel_values)
     hybrid = passes.splice_cache(real, blank, batch.image_mask[:, :-1])
-    last, mask = inputs["input_ids"][:, -1:], inputs["attention_mask"]
-    logits = [passes.step(model, cache, last, mask)[0] for cache in (real, blank, hybrid)]
+    last, mask, deltas = inputs["input_ids"][:, -1:], inputs["attention_mask"], passes.rope_deltas(model, inputs)
+    logits = [passes.step(model, cache, last, mask, deltas)[0] for cache in (real, blank, hybrid)]
     acc.kv.add(*logits)
 
 
@@ -222,6 +230,8 @@ def _model_facts(model_id: str, revision, points: ProbePoints) -> dict:
         "revision": revision,
         "model_class": type(points.model).__name__,
         "model_type": getattr(config, "model_type", None),
+        "family": points.family.name,
+        "image_tokens": points.family.image_tokens,  # where the image tokens enter the LLM
         "projector_norm": type(points.projector_norm).__name__ if points.projector_norm is not None else None,
         "norm_target": getattr(config, "norm_target", None),
         "text_model_type": getattr(text_config, "model_type", None),
@@ -230,6 +240,31 @@ def _model_facts(model_id: str, revision, points: ProbePoints) -> dict:
         "num_layers": points.num_layers,
         "dtype": str(next(points.model.parameters()).dtype).replace("torch.", ""),
     }
+
+
+def deepstack_summary(points: ProbePoints, acc: Accumulators, target: float | None) -> dict | None:
+    """Per LLM layer receiving deepstack features (Qwen3-VL): their norm statistics, the ratio of their mean norm to
+    T and to the mean ||h|| of the image tokens they are added to. None for a family without deepstack."""
+    if points.deepstack is None:
+        return None
+    layers = []
+    for llm_layer, vision_layer in zip(points.deepstack_llm_layers, points.deepstack_vision_layers):
+        features = probes.norm_stats(_cat(acc.deepstack["features"].get(llm_layer)))
+        hidden = probes.norm_stats(_cat(acc.deepstack["hidden"].get(llm_layer)))
+        layers.append({
+            "llm_layer": llm_layer,  # added to the image positions after this decoder layer (0-based)
+            "vision_layer": vision_layer,  # the vision block whose output the deepstack merger reads
+            "norm": features,
+            "ratio_to_text": features["mean"] / target if features and target else None,
+            "hidden_norm": hidden,
+            "ratio_to_hidden": features["mean"] / hidden["mean"] if features and hidden and hidden["mean"] else None,
+        })
+    entry = "each added to the image tokens' hidden states after the LLM layer shown (0-based)"
+    return {"entry": entry, "layers": layers}
+
+
+def _cat(values):
+    return torch.cat(values) if values else None
 
 
 def summarise(acc: Accumulators, text_norm: dict, samples: list[Sample]) -> dict:
@@ -283,7 +318,9 @@ def probe_model(model, processor, config: DiagnoseConfig, samples: list[Sample],
     stage = bar.set_postfix_str if config.progress else (lambda name: None)
     for batch in bar:
         diagnose_batch(points, batch, config, acc, processor.tokenizer, stage)
-    return {**_model_facts(model_id, revision, points), **summarise(acc, text_norm, samples)}
+    summary = summarise(acc, text_norm, samples)
+    deepstack = deepstack_summary(points, acc, text_norm["T"])
+    return {**_model_facts(model_id, revision, points), **summary, **({"deepstack": deepstack} if deepstack else {})}
 
 
 def diagnose_model(config: DiagnoseConfig, model_id: str, revision, samples: list[Sample], label: str) -> dict:

@@ -3,9 +3,11 @@
 - ``ProjectorTap``: per-token L2 norms of the vision tokens at each stage (vision tower output, projector input,
   projector MLP output, norm output, LLM input) and, for the blog's Experiment 1, the scale alpha applied to the
   projector output before it is scattered into the LLM's input embeddings.
-- ``ResidualTap``: per-token statistics of the LLM's residual stream h_0 (input embeddings) ... h_L (decoder layer
-  outputs, before the final norm), computed layer by layer so that no (L, B, S, D) stack is ever held.
+- ``ResidualTap``: per-token statistics of the LLM's residual stream h_0 (input embeddings) ... h_L (what each next
+  decoder layer reads; the last layer's output, before the final norm), computed layer by layer so that no
+  (L, B, S, D) stack is ever held.
 - ``AttentionTap``: hands each decoder layer's attention probabilities to a callback (eager attention only).
+- ``DeepstackTap``: norms of the deepstack visual features (Qwen3-VL) at the LLM layers they are added to.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ def _first(output):
     if hasattr(output, "last_hidden_state"):
         return output.last_hidden_state
     return output[0]
+
+
+def _hidden_input(args, kwargs) -> torch.Tensor:
+    """A decoder layer's hidden-states argument (passed by position or by name)."""
+    return args[0] if args else kwargs["hidden_states"]
 
 
 def _token_norms(x: torch.Tensor) -> torch.Tensor:
@@ -130,13 +137,17 @@ class ResidualTap(_Hooks):
         self._h0 = self._prev = None
 
     def __enter__(self):
-        self._add(self.points.layers[0].register_forward_pre_hook(self._on_input, with_kwargs=True))
-        for layer in self.points.layers:
-            self._add(layer.register_forward_hook(self._on_layer_output))
+        # h_l (l < L) is what decoder layer l + 1 reads: layer l's output plus whatever the model adds between layers
+        # (Qwen3-VL's deepstack features); h_L is the last layer's output. Without additions the two are the same.
+        layers = self.points.layers
+        self._add(layers[0].register_forward_pre_hook(self._on_input, with_kwargs=True))
+        for layer in layers[1:]:
+            self._add(layer.register_forward_pre_hook(self._on_next_input, with_kwargs=True))
+        self._add(layers[-1].register_forward_hook(self._on_layer_output))
         return self
 
     def _on_input(self, module, args, kwargs):
-        h0 = (args[0] if args else kwargs["hidden_states"]).detach().float()  # (B, S, D)
+        h0 = _hidden_input(args, kwargs).detach().float()  # (B, S, D)
         for values in self.stats.values():
             values.clear()
         nan = torch.full(h0.shape[:-1], float("nan"))
@@ -146,8 +157,14 @@ class ResidualTap(_Hooks):
             self.stats[name].append(nan)
         self._h0 = self._prev = h0
 
+    def _on_next_input(self, module, args, kwargs):
+        self._record(_hidden_input(args, kwargs))
+
     def _on_layer_output(self, module, args, output):
-        h = _first(output).detach().float()  # (B, S, D)
+        self._record(_first(output))
+
+    def _record(self, hidden: torch.Tensor):
+        h = hidden.detach().float()  # (B, S, D)
         prev = self._prev
         update = h - prev
         update_abs = update.norm(dim=-1)
@@ -189,6 +206,51 @@ class AttentionTap(_Hooks):
                     "eager attention for this probe"
                 )
             self.on_weights(index, weights.detach().float())
+
+        return hook
+
+
+class DeepstackTap(_Hooks):
+    """Norms of the deepstack visual features (Qwen3-VL, ``anatomy.Deepstack``) at the LLM layers they enter.
+
+    The text model receives them as forward arguments (features: one (N_vision, D) tensor per entry layer; the image
+    positions: (B, S) bool) and adds feature i to the image positions' hidden states after decoder layer
+    ``llm_layers[i]``. Per entry layer (lists of (N_vision,) tensors, one per forward):
+        features[i]: ||deepstack feature i|| per image token;
+        hidden[i]:   ||h|| of the image tokens at the output of that decoder layer, before the feature is added.
+    """
+
+    def __init__(self, points: ProbePoints):
+        super().__init__()
+        self.points = points
+        self.layers = list(points.deepstack_llm_layers)
+        self.features = {layer: [] for layer in self.layers}
+        self.hidden = {layer: [] for layer in self.layers}
+        self._mask = None
+
+    def __enter__(self):
+        if self.points.deepstack is None:  # a family without deepstack: nothing to read
+            return self
+        self._add(self.points.language_model.register_forward_pre_hook(self._on_text_model, with_kwargs=True))
+        for layer in self.layers:
+            self._add(self.points.layers[layer].register_forward_hook(self._on_layer(layer)))
+        return self
+
+    def _on_text_model(self, module, args, kwargs):
+        spec = self.points.deepstack
+        features, mask = kwargs.get(spec.features_kwarg), kwargs.get(spec.mask_kwarg)
+        self._mask = None
+        if features is None or mask is None:  # a pass without an image
+            return
+        self._mask = mask.detach().bool()
+        for layer, feature in zip(self.layers, features):
+            self.features[layer].append(_token_norms(feature))
+
+    def _on_layer(self, layer: int):
+        def hook(module, args, output):
+            if self._mask is not None:
+                hidden = _first(output)  # (B, S, D)
+                self.hidden[layer].append(_token_norms(hidden[self._mask.to(hidden.device)]))
 
         return hook
 

@@ -1,0 +1,402 @@
+"""``diagnose`` on Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Idefics3 and SmolVLM: tiny random models of transformers' own
+classes, saved with an offline processor (a trained tokenizer holding the family's special tokens, the family's image
+processor at tiny sizes, a chat template writing its image placeholder) as a user's folder, then diagnosed. Answers
+known by construction: the reported vision norm at the LLM input is the norm of ``inputs_embeds`` at the image
+positions; scaling the connector's output by k scales the vision/text ratio by k; Qwen3-VL's deepstack features are
+read where they enter the LLM; the M-RoPE positions are the model's own."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from PIL import Image
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from llava_normaligned.anatomy import family_of
+from llava_normaligned.diagnostics import DiagnoseConfig, DiagnosticsError, main, passes
+from llava_normaligned.diagnostics.default_inputs import default_images_dir, default_prompts_file
+from llava_normaligned.diagnostics.family_inputs import ExpandingProcessor, load_processor
+from llava_normaligned.diagnostics.inputs import format_prompt, list_images, load_prompts, make_batches, pair_samples
+from llava_normaligned.diagnostics.probe_points import locate
+from llava_normaligned.diagnostics.runner import probe_model
+from llava_normaligned.loading import load_model
+from llava_normaligned.tiny import DEFAULT_CORPUS_WORDS
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "smolvlm")
+TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+            max_position_embeddings=1024)
+
+QWEN_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+               "<|video_pad|>"]
+QWEN_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+IDEFICS_TOKENS = ["<|im_start|>", "<end_of_utterance>", "<|endoftext|>", "<fake_token_around_image>", "<image>",
+                  "<global-img>"] + [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
+IDEFICS_TEMPLATE = (  # SmolVLM's own, for images and text
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _tokenizer(special: list[str], image_token: str, template: str, eos: str) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<unk>", *special],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([" ".join(DEFAULT_CORPUS_WORDS)] * 4, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token="<pad>", unk_token="<unk>",
+                                   extra_special_tokens={"image_token": image_token}, chat_template=template,
+                                   padding_side="left")
+
+
+def _build(family: str):
+    """(model, tokenizer, image processor, the class name a real folder's preprocessor_config.json names)."""
+    import transformers as tf
+
+    if family.startswith("qwen"):
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        tokenizer = _tokenizer(QWEN_TOKENS, "<|image_pad|>", QWEN_TEMPLATE, "<|im_end|>")
+        ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in (
+            ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+        # M-RoPE: mrope_section sums to head_dim / 2 (head_dim 16)
+        text = dict(TEXT, vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                    rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+        patches = dict(patch_size=8, spatial_merge_size=2, temporal_patch_size=2, num_heads=2)
+        if family == "qwen2_vl":
+            config = tf.Qwen2VLConfig(text_config=text, vision_config=dict(depth=2, embed_dim=16, hidden_size=32,
+                                                                           **patches), **ids)
+            cls = tf.Qwen2VLForConditionalGeneration
+        elif family == "qwen2_5_vl":
+            vision = dict(depth=2, hidden_size=16, intermediate_size=32, out_hidden_size=32, window_size=16,
+                          fullatt_block_indexes=[1], **patches)
+            config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
+            cls = tf.Qwen2_5_VLForConditionalGeneration
+        else:
+            text["head_dim"] = 16
+            text["rope_parameters"]["mrope_interleaved"] = True
+            vision = dict(depth=2, hidden_size=16, intermediate_size=32, out_hidden_size=32, num_position_embeddings=16,
+                          deepstack_visual_indexes=[0, 1], **patches)
+            config = tf.Qwen3VLConfig(text_config=text, vision_config=vision, **ids)
+            cls = tf.Qwen3VLForConditionalGeneration
+        # 32 x 32 px: a 4 x 4 grid of 8-px patches, 4 merged tokens per image
+        image_processor = Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=2,
+                                                   min_pixels=32 * 32, max_pixels=32 * 32)
+        stored_name = "Qwen2VLImageProcessor"
+    else:
+        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+        from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+        tokenizer = _tokenizer(IDEFICS_TOKENS, "<image>", IDEFICS_TEMPLATE, "<end_of_utterance>")
+        text = dict(TEXT, model_type="llama", vocab_size=len(tokenizer))
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                      patch_size=8)
+        cfg_cls, cls, ip_cls = (
+            (tf.Idefics3Config, tf.Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil) if family == "idefics3"
+            else (tf.SmolVLMConfig, tf.SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil))
+        config = cfg_cls(text_config=text, vision_config=vision, scale_factor=2,
+                         image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+        # 64-px images cut into 32-px tiles (2 x 2) plus the global image; 16 patches -> 4 tokens per tile
+        image_processor = ip_cls(do_image_splitting=True, size={"longest_edge": 64},
+                                 max_image_size={"longest_edge": 32})
+        stored_name = "Idefics3ImageProcessor" if family == "idefics3" else "SmolVLMImageProcessor"
+    torch.manual_seed(0)
+    return cls(config).eval(), tokenizer, image_processor, stored_name
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """family -> a saved folder, as a user has it: the model, the tokenizer, preprocessor_config.json naming the
+    family's default (torchvision) image processor class, and chat_template.jinja."""
+    made = {}
+    for family in FAMILIES:
+        out = str(tmp_path_factory.mktemp(family))
+        model, tokenizer, image_processor, stored_name = _build(family)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        image_processor.save_pretrained(out)
+        path = os.path.join(out, "preprocessor_config.json")
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({**stored, "image_processor_type": stored_name}, f)
+        with open(os.path.join(out, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(tokenizer.chat_template)
+        made[family] = out
+    return made
+
+
+def _samples(n: int):
+    return pair_samples(list_images(default_images_dir()), load_prompts(default_prompts_file()), n)
+
+
+def _config(**overrides):
+    settings = dict(model="in-memory", output_dir="unused", max_samples=3, batch_size=2, alphas=(0.5, 1.0),
+                    max_new_tokens=2, progress=False)
+    return DiagnoseConfig(**{**settings, **overrides})
+
+
+def _llm_input_norms(model, processor, samples):
+    """Independently: per sample alone (no padding, the model's own positions), the norms of ``inputs_embeds`` at
+    the image positions, read by a forward pre-hook on the language model."""
+    seen = []
+
+    def hook(module, args, kwargs):
+        seen.append(kwargs["inputs_embeds"].detach())
+
+    language_model = locate(model).language_model
+    handle = language_model.register_forward_pre_hook(hook, with_kwargs=True)
+    norms = []
+    try:
+        for sample in samples:
+            image = Image.open(sample.image_path).convert("RGB")
+            text = format_prompt(processor, sample.prompt, True)
+            inputs = processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False)
+            with torch.no_grad():
+                model(**inputs)
+            positions = inputs["input_ids"][0] == model.config.image_token_id
+            norms.append(seen[-1][0, positions].norm(dim=-1))
+    finally:
+        handle.remove()
+    return torch.cat(norms)
+
+
+def _connector_output_layer(model, family: str):
+    base = model.model
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        return base.visual.merger.mlp[2]
+    if family == "qwen3_vl":
+        return base.visual.merger.linear_fc2
+    return base.connector.modality_projection.proj
+
+
+# ------------------------------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llm_input_norm_is_inputs_embeds_and_connector_scale_k_scales_the_ratio(family, folders):
+    model, processor = load_model(folders[family])
+    assert family_of(model.config).name == family
+    assert isinstance(processor, ExpandingProcessor)  # the folder's AutoProcessor needs torchvision (Qwen, SmolVLM)
+    samples = _samples(3)
+    before = probe_model(model, processor, _config(), samples)
+    assert before["family"] == family
+    expected = _llm_input_norms(model, processor, samples)
+    reported = before["vision_norm"]["llm_input"]
+    assert reported["count"] == expected.numel()
+    assert reported["mean"] == pytest.approx(expected.mean().item(), rel=1e-4)
+    assert reported["max"] == pytest.approx(expected.max().item(), rel=1e-4)
+    assert before["vision_text_norm_ratio"] == pytest.approx(
+        expected.mean().item() / before["text_embedding_norm"]["T"], rel=1e-4)
+    assert before["text_tokens"]["rule"] == "prompt-span"  # the prompt's own tokens were found in the expanded text
+    k = 3.0
+    last = _connector_output_layer(model, family)
+    with torch.no_grad():
+        last.weight.mul_(k)
+        if last.bias is not None:
+            last.bias.mul_(k)
+    after = probe_model(model, processor, _config(alphas=(1.0,)), samples)
+    assert after["vision_text_norm_ratio"] == pytest.approx(k * before["vision_text_norm_ratio"], rel=1e-4)
+    assert after["vision_norm"]["before_projector"] == before["vision_norm"]["before_projector"]
+
+
+def test_qwen3_vl_deepstack_features_are_read_where_they_enter(folders, tmp_path):
+    out = str(tmp_path / "qwen3")
+    rc = main([folders["qwen3_vl"], "--output-dir", out, "--max-samples", "2", "--batch-size", "2",
+               "--max-new-tokens", "2", "--alphas", "1", "--no-plots", "--no-progress"])
+    assert rc == 0
+    with open(os.path.join(out, "diagnostics.json"), encoding="utf-8") as f:
+        document = json.load(f)
+    numbers = document["models"]["model"] if "models" in document else document
+    deepstack = numbers["deepstack"]
+    assert [row["llm_layer"] for row in deepstack["layers"]] == [0, 1]  # one LLM layer per deepstack vision layer
+    assert [row["vision_layer"] for row in deepstack["layers"]] == [0, 1]
+    # independently: the deepstack mergers' outputs, per sample alone
+    model, processor = load_model(folders["qwen3_vl"])
+    outputs = {0: [], 1: []}
+    mergers = model.model.visual.deepstack_merger_list
+    handles = [m.register_forward_hook(lambda mod, a, o, i=i: outputs[i].append(o.detach().norm(dim=-1)))
+               for i, m in enumerate(mergers)]
+    try:
+        _llm_input_norms(model, processor, _samples(2))
+    finally:
+        for handle in handles:
+            handle.remove()
+    for row in deepstack["layers"]:
+        expected = torch.cat(outputs[row["llm_layer"]])
+        assert row["norm"]["count"] == expected.numel() > 0
+        assert row["norm"]["mean"] == pytest.approx(expected.mean().item(), rel=1e-4)
+        assert row["hidden_norm"]["count"] == expected.numel()
+    with open(os.path.join(out, "summary.md"), encoding="utf-8") as f:
+        assert "Deepstack features" in f.read()
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_mrope_positions_and_cached_steps_are_the_models_own(family, folders):
+    """A teacher-forced pass and a cached step give the logits of the model's own forward, which computes its M-RoPE
+    positions itself (one unpadded sample)."""
+    model, processor = load_model(folders[family])
+    batch = make_batches(processor, model.config, _samples(1), 1, 2)[0]
+    inputs = batch.inputs
+    with torch.no_grad():
+        own = model(**inputs).logits
+    ours = passes.run(model, inputs).logits
+    assert torch.allclose(ours, own, atol=1e-5)
+    cache = passes.prefix_cache(model, inputs)
+    logits, _ = passes.step(model, cache, inputs["input_ids"][:, -1:], inputs["attention_mask"],
+                            passes.rope_deltas(model, inputs))
+    assert torch.allclose(logits, own[:, -1], atol=1e-5)
+    # a token appended after the prompt: the model's own positions for the longer sequence
+    appended = own[:, -1].argmax(-1, keepdim=True)
+    longer = {**inputs, "input_ids": torch.cat([inputs["input_ids"], appended], 1),
+              "attention_mask": torch.cat([inputs["attention_mask"], torch.ones_like(appended)], 1),
+              "mm_token_type_ids": torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(appended).int()], 1)}
+    with torch.no_grad():
+        own_longer = model(**longer).logits
+    assert torch.allclose(passes.run(model, inputs, appended=appended).logits, own_longer, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_idefics3_and_smolvlm_inputs_equal_transformers_own_processor(family, folders):
+    """Idefics3's processor needs no torchvision (SmolVLM's, which writes the same image prompt, needs it and
+    num2words): the builder's expansion (tiles, row markers, global image) equals it token for token, and its pixels
+    too."""
+    from transformers import Idefics3Processor
+
+    _, processor = load_model(folders[family])
+    own = Idefics3Processor(image_processor=processor.image_processor, tokenizer=processor.tokenizer,
+                            image_seq_len=processor.image_seq_len, chat_template=processor.chat_template)
+    images = [Image.open(s.image_path).convert("RGB") for s in _samples(2)]
+    texts = [format_prompt(processor, "What colours do you see?", True)] * 2
+    ours = processor(text=texts, images=images, return_tensors="pt", add_special_tokens=False)
+    theirs = own(text=texts, images=[[im] for im in images], return_tensors="pt", padding=True,
+                 add_special_tokens=False)
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    assert torch.equal(ours["pixel_values"], theirs["pixel_values"])
+    assert torch.equal(ours["pixel_attention_mask"], theirs["pixel_attention_mask"])
+    assert "<row_1_col_2>" in processor.tokenizer.decode(ours["input_ids"][0])
+
+
+def test_qwen_placeholder_expansion_counts_merged_tokens(folders):
+    processor = load_processor(folders["qwen2_5_vl"], load_model(folders["qwen2_5_vl"])[0].config)
+    images = [Image.new("RGB", (48, 32)), Image.new("RGB", (32, 32))]
+    texts = [format_prompt(processor, "hi", True), format_prompt(processor, "a longer prompt", True)]
+    out = processor(text=texts, images=images, return_tensors="pt", add_special_tokens=False)
+    image_id = processor.image_token_id
+    counts = (out["input_ids"] == image_id).sum(-1).tolist()
+    assert counts == (out["image_grid_thw"].prod(-1) // 4).tolist()
+    assert torch.equal(out["mm_token_type_ids"].bool(), out["input_ids"] == image_id)
+
+
+def test_the_families_parts_are_counted_once(folders):
+    import re
+
+    for family in FAMILIES:
+        model = _build(family)[0]
+        spec = family_of(model.config)
+        names = dict(model.named_parameters())
+        parts = {name: spec.part_of(name) for name in names}
+        assert None not in parts.values(), family
+        projector = locate(model).projector
+        assert {n for n, p in parts.items() if p == "projector"} >= {
+            n for n, _ in model.named_parameters() if any(param is _ for param in projector.parameters())}
+        vision_only = [n for n, p in parts.items() if p == "vision_tower"]
+        assert not any(".merger." in n or ".deepstack_merger_list." in n or ".connector." in n for n in vision_only)
+        modules = [n for n, _ in model.named_modules()]
+        tower_targets = [n for n in modules if re.fullmatch(spec.lora_targets(vision=True), n)]
+        assert tower_targets and not any("merger" in n for n in tower_targets), family
+        for path in spec.keep_unquantized():
+            assert path in modules, (family, path)
+
+
+def test_a_family_missing_a_part_is_one_line(folders):
+    model, _ = load_model(folders["qwen2_vl"])
+    del model.model.visual.merger
+    with pytest.raises(DiagnosticsError) as error:
+        locate(model, "tiny-qwen")
+    message = str(error.value)
+    assert "\n" not in message and "model.visual.merger" in message
+
+
+def test_an_image_text_model_of_no_known_family_is_one_line_naming_the_missing_parts(tmp_path, capsys):
+    """BLIP-2 (vision model, Q-Former, OPT) loads as an image-text-to-text model but has none of the families' paths."""
+    from transformers import Blip2Config, Blip2ForConditionalGeneration
+
+    config = Blip2Config(
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        qformer_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                            encoder_hidden_size=16, vocab_size=64),
+        text_config=dict(model_type="opt", vocab_size=64, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                         num_attention_heads=2, word_embed_proj_dim=16),
+        num_query_tokens=4, image_token_index=5)
+    folder = str(tmp_path / "blip2")
+    Blip2ForConditionalGeneration(config).save_pretrained(folder)
+    rc = main([folder, "--output-dir", str(tmp_path / "out"), "--no-progress", "--no-plots"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert "Traceback" not in "\n".join(err)
+    line = err[-1]
+    assert "cannot probe" in line and "'blip-2'" in line and "no model." in line
+    assert not os.path.exists(tmp_path / "out" / "diagnostics.json")
+
+
+def test_docs_list_every_family():
+    from llava_normaligned.anatomy import FAMILIES as TABLE
+
+    docs = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "diagnostics.md")
+    with open(docs, encoding="utf-8") as f:
+        text = f.read()
+    rows = [line for line in text.split("### Families", 1)[1].splitlines() if line.startswith("| `")]
+    for family in TABLE:
+        assert any(line.startswith(f"| `{family.name}`") for line in rows), family.name
+
+
+def test_a_tokenizer_whose_image_token_is_not_the_models_is_refused(folders):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folders["smolvlm"])
+    config.image_token_id = 3
+    with pytest.raises(ValueError, match="config.image_token_id is 3"):
+        load_processor(folders["smolvlm"], config)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "smolvlm"])
+def test_batched_and_unbatched_runs_agree(family, folders):
+    """Left padding changes nothing, M-RoPE positions, tiles and deepstack features included."""
+    model, processor = load_model(folders[family])
+    one = probe_model(model, processor, _config(batch_size=1, alphas=(0.5, 1.0), max_new_tokens=3), _samples(3))
+    three = probe_model(model, processor, _config(batch_size=3, alphas=(0.5, 1.0), max_new_tokens=3), _samples(3))
+    for modality in ("vision", "text"):
+        for stat in ("norm", "cos_to_layer0", "cos_to_prev", "update_rel"):
+            a, b = one["layers"][modality][stat], three["layers"][modality][stat]
+            assert [x is None for x in a] == [x is None for x in b]
+            assert [x for x in a if x is not None] == pytest.approx([x for x in b if x is not None], rel=1e-4,
+                                                                   abs=1e-6)
+    assert one["alpha_sweep"]["rows"][0]["logit_kl"] == pytest.approx(
+        three["alpha_sweep"]["rows"][0]["logit_kl"], rel=1e-3, abs=1e-7)
+    assert one["kv_substitution"]["kl_real_hybrid"] == pytest.approx(
+        three["kv_substitution"]["kl_real_hybrid"], rel=1e-3, abs=1e-7)
+    if family == "qwen3_vl":
+        for a, b in zip(one["deepstack"]["layers"], three["deepstack"]["layers"]):
+            assert a["hidden_norm"]["mean"] == pytest.approx(b["hidden_norm"]["mean"], rel=1e-4)
