@@ -50,16 +50,42 @@ def count_parameters(config, trust_remote_code: bool = True) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# Image sizes assumed where the number of image tokens depends on the image (stated in docs/diagnostics.md):
+DYNAMIC_IMAGE_SIDE = 768  # Qwen2/2.5/3-VL: a 768 x 768 image
+IDEFICS_TILES = 17  # Idefics3 / SmolVLM: the processor's default split of a large image, 4 x 4 tiles + the global one
+DEFAULT_IMAGE_TOKENS = 576
+
+
+def image_tokens(config) -> int:
+    """Image tokens of one image entering the LLM, from the config: LLaVA/PaliGemma ``image_seq_length``, Gemma3
+    ``mm_tokens_per_image``, Idefics3/SmolVLM (patches per tile / scale_factor^2) x ``IDEFICS_TILES``, Qwen-VL
+    (``DYNAMIC_IMAGE_SIDE`` / (patch x spatial merge))^2; otherwise ``DEFAULT_IMAGE_TOKENS``."""
+    for key in ("image_seq_length", "mm_tokens_per_image", "num_image_tokens"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    vision = getattr(config, "vision_config", None)
+    patch = getattr(vision, "patch_size", None)
+    if isinstance(getattr(config, "scale_factor", None), int) and patch:  # Idefics3, SmolVLM: pixel shuffle
+        per_tile = (vision.image_size // patch) ** 2 // config.scale_factor**2
+        return per_tile * IDEFICS_TILES
+    merge = getattr(vision, "spatial_merge_size", None)
+    if merge and patch:  # Qwen2/2.5/3-VL: dynamic resolution, merge x merge patches per token
+        return (DYNAMIC_IMAGE_SIDE // (patch * merge)) ** 2
+    return DEFAULT_IMAGE_TOKENS
+
+
 def estimate(config, dtype: str = "bfloat16", batch_size: int = 1, new_tokens: int = 8, parameters=None):
-    """A ``MemoryEstimate`` for a LLaVA-style ``config``."""
+    """A ``MemoryEstimate`` for a vision-language ``config`` of any family (its text config by
+    ``get_text_config()``, its image tokens by ``image_tokens``)."""
     if dtype not in BYTES:
         raise ValueError(f"dtype must be one of {sorted(BYTES)}, got {dtype!r}")
     size = BYTES[dtype]
-    text = config.text_config
+    text = config.get_text_config()
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    sequence = getattr(config, "image_seq_length", 576) + PROMPT_TOKENS + new_tokens
+    sequence = image_tokens(config) + PROMPT_TOKENS + new_tokens
     b = batch_size
     kv_caches = 2 * (2 * text.num_hidden_layers * b * kv_heads * sequence * head_dim * size)
     attention = 3 * b * heads * sequence * sequence * 4
@@ -105,9 +131,58 @@ REFERENCE_ARCHITECTURES = {
 }
 
 
+def _smolvlm2_2b():
+    """SmolVLM2-2.2B-Instruct (the blog's first model): transformers' ``SmolVLMConfig`` with the published values of
+    HuggingFaceTB/SmolVLM2-2.2B-Instruct: a SigLIP-so400m encoder at 384 px, patch 14 (its model card: "81 visual
+    tokens to encode image patches of size 384x384", i.e. 27 x 27 patches / scale_factor 3 squared), and the
+    SmolLM2-1.7B decoder (Llama: 2048 wide, 24 layers, 32 heads, no GQA, vocabulary 49280)."""
+    from transformers import SmolVLMConfig
+
+    return SmolVLMConfig(
+        vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                           image_size=384, patch_size=14),
+        text_config=dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+                         num_attention_heads=32, num_key_value_heads=32, vocab_size=49280,
+                         max_position_embeddings=16384, tie_word_embeddings=False),
+        scale_factor=3,
+        tie_word_embeddings=False,
+    )
+
+
+def _qwen3_vl_2b():
+    """Qwen3-VL-2B-Instruct (the blog's second model): transformers' ``Qwen3VLConfig`` with the published values of
+    Qwen/Qwen3-VL-2B-Instruct's config.json: a 24-layer, 1024-wide ViT (patch 16, 2 x 2 spatial merge, deepstack
+    from vision layers 5, 11, 17, 2304 position embeddings) and a Qwen3-1.7B-sized decoder (2048 wide, 28 layers,
+    16 heads, 8 KV heads, head_dim 128, MLP 6144, vocabulary 151936, tied embeddings)."""
+    from transformers import Qwen3VLConfig
+
+    return Qwen3VLConfig(
+        vision_config=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=2048,
+                           num_position_embeddings=2304, deepstack_visual_indexes=[5, 11, 17]),
+        text_config=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                         num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=262144,
+                         tie_word_embeddings=True),
+        tie_word_embeddings=True,
+    )
+
+
+# the blog's two models, built with their own families' config classes
+OTHER_ARCHITECTURES = {
+    "SmolVLM2-2.2B-Instruct (blog; 17 tiles of 81 tokens)": _smolvlm2_2b,
+    f"Qwen3-VL-2B-Instruct (blog; {DYNAMIC_IMAGE_SIDE} px image)": _qwen3_vl_2b,
+}
+
+
+def reference_names() -> list[str]:
+    return list(REFERENCE_ARCHITECTURES) + list(OTHER_ARCHITECTURES)
+
+
 def reference_config(name: str):
     from transformers import LlavaConfig
 
+    if name in OTHER_ARCHITECTURES:
+        return OTHER_ARCHITECTURES[name]()
     vision, text, tokens = REFERENCE_ARCHITECTURES[name]
     strategy = "full" if vision["model_type"].startswith("siglip") else "default"
     return LlavaConfig(vision_config=vision, text_config=text, image_seq_length=tokens,
@@ -117,7 +192,7 @@ def reference_config(name: str):
 def reference_table(batch_sizes=(1, 4)) -> str:
     lines = ["| architecture | parameters | " + " | ".join(f"bf16, batch {b}" for b in batch_sizes)
              + f" | fp32, batch {batch_sizes[0]} |", "|---|---|" + "---|" * (len(batch_sizes) + 1)]
-    for name in REFERENCE_ARCHITECTURES:
+    for name in reference_names():
         config = reference_config(name)
         parameters = count_parameters(config)
         cells = [estimate(config, "bfloat16", b, parameters=parameters) for b in batch_sizes]
