@@ -311,3 +311,128 @@ def test_the_blog_s_models_are_in_the_memory_table():
     # the sizes their names give: 2.2B and 2B
     assert count_parameters(smol) / 1e9 == pytest.approx(2.2, rel=0.05)
     assert count_parameters(qwen) / 1e9 == pytest.approx(2.0, rel=0.1)
+
+
+# ------------------------------------------------------------------------------ placeholders are never decoded
+
+
+def test_placeholder_ids_cover_every_family_s_markers():
+    from types import SimpleNamespace
+
+    from llava_normaligned.generation import placeholder_token_ids
+    from llava_normaligned.tiny import train_tokenizer
+
+    tokenizer = train_tokenizer()
+    extra = ["<row_1_col_1>", "<row_2_col_3>", "<fake_token_around_image>", "<global-img>", "<|vision_start|>",
+             "<|vision_end|>", "<|video_pad|>", "<row_of_text>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": extra})
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in extra + ["<image>"]}
+    config = SimpleNamespace(image_token_id=ids["<image>"], vision_start_token_id=ids["<|vision_start|>"],
+                             video_token_id=None, boi_token_index=tokenizer.eos_token_id)  # EOS is never suppressed
+    model = SimpleNamespace(config=config, generation_config=SimpleNamespace(eos_token_id=tokenizer.eos_token_id))
+    found = placeholder_token_ids(model, tokenizer)
+    assert found == sorted(ids[t] for t in ids if t != "<row_of_text>")
+    assert tokenizer.eos_token_id not in found
+
+
+@pytest.fixture(scope="module")
+def rigged_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with its LM head rigged to prefer the image token after every text token: every input row
+    gets a large first coordinate, so the last hidden state points along it, and only the image token's row of the
+    LM head reads it strongly."""
+    import shutil
+
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+
+    out = str(tmp_path_factory.mktemp("rigged") / "model")
+    shutil.copytree(tiny_model_dir, out)
+    model = LlavaNormAlignedForConditionalGeneration.from_pretrained(out)
+    image_id = model.config.image_token_id
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, 0] += 30.0
+        model.lm_head.weight[image_id] = 0.0
+        model.lm_head.weight[image_id, 0] = 5.0
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def image_file(tmp_path):
+    from PIL import Image
+
+    path = str(tmp_path / "red.png")
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(path)
+    return path
+
+
+@pytest.fixture
+def generated(monkeypatch):
+    """The new tokens of every ``model.generate`` call (the prompt, which holds image tokens, cut off)."""
+    from transformers import GenerationMixin
+
+    outputs, real = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        outputs.append(result[:, kwargs["input_ids"].shape[1]:].tolist())
+        return result
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    return outputs
+
+
+def _image_id(rigged_dir) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(rigged_dir).image_token_id
+
+
+def test_the_rigged_model_picks_the_image_token_and_then_cannot_go_on(rigged_dir, image_file):
+    from llava_normaligned.diagnostics import passes
+    from llava_normaligned.generation import placeholder_token_ids, prepare_inputs
+    from llava_normaligned.loading import load_model
+
+    model, processor = load_model(rigged_dir, device="cpu")
+    image_id = model.config.image_token_id
+    inputs = prepare_inputs(model, processor, ["what is it?"], [[image_file]])
+    free = passes.greedy_continuation(model, inputs, 3)
+    assert image_id in free.tolist()[0]  # unsuppressed, the rig wins
+    with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+        passes.run(model, inputs, appended=free[:, :2])  # what diagnose's teacher-forced passes would do
+    suppressed = passes.greedy_continuation(model, inputs, 3, placeholder_token_ids(model, processor))
+    assert image_id not in suppressed.tolist()[0]
+    passes.run(model, inputs, appended=suppressed[:, :2])
+
+
+def test_diagnose_never_decodes_a_placeholder(rigged_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    out = str(tmp_path / "diag")
+    assert main([rigged_dir, "--output-dir", out, "--max-samples", "2", "--max-new-tokens", "3", "--alphas", "0.1",
+                 "--no-plots", "--no-progress"]) == 0
+    with open(os.path.join(out, "diagnostics.json"), encoding="utf-8") as f:
+        samples = json.load(f)["samples"]
+    image_token = AutoTokenizer.from_pretrained(rigged_dir).convert_ids_to_tokens(_image_id(rigged_dir))
+    assert len(samples) == 2 and all(image_token not in s["greedy_tokens"] for s in samples)
+
+
+def test_generate_never_decodes_a_placeholder(rigged_dir, image_file, generated, capsys):
+    from llava_normaligned.inference import main as generate_main
+
+    assert generate_main([rigged_dir, "--image", image_file, "--prompt", "what is it?", "--max-new-tokens", "4",
+                          "--device", "cpu"]) == 0
+    assert generated and all(_image_id(rigged_dir) not in row for out in generated for row in out)
+
+
+def test_eval_never_decodes_a_placeholder(rigged_dir, generated, tmp_path):
+    import eval_fixtures
+    from llava_normaligned.evaluation.cli import main as eval_main
+
+    data = eval_fixtures.write_all(str(tmp_path / "bench"))
+    out = str(tmp_path / "eval")
+    assert eval_main([rigged_dir, "--tasks", "pope", "--data-dir", data, "--limit", "2", "--output-dir", out,
+                      "--max-new-tokens", "3", "--batch-size", "2"]) == 0
+    with open(os.path.join(out, "samples.jsonl"), encoding="utf-8") as f:
+        samples = [json.loads(line) for line in f]
+    assert samples and not any(s.get("error") for s in samples)
+    assert generated and all(_image_id(rigged_dir) not in row for out in generated for row in out)
