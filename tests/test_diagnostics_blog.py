@@ -436,3 +436,18 @@ def test_eval_never_decodes_a_placeholder(rigged_dir, generated, tmp_path):
         samples = [json.loads(line) for line in f]
     assert samples and not any(s.get("error") for s in samples)
     assert generated and all(_image_id(rigged_dir) not in row for out in generated for row in out)
+
+
+def test_pass_flops_split_every_parameter_and_count_by_hand():
+    from llava_normaligned.diagnostics.memory import count_parameters, pass_flops, pass_shape
+
+    config, _ = _family_configs()["qwen3_vl"]
+    shape = pass_shape(config)
+    embeddings = 2 * 320 * 64  # untied input embeddings and LM head
+    assert shape.vision_parameters + shape.llm_parameters + embeddings == count_parameters(config)
+    assert (shape.attention_width, shape.num_layers, shape.vision_layers) == (64, 2, 2)
+    assert shape.patches_per_block == shape.image_tokens * 4 and shape.vision_blocks == 1
+    text_only = 2 * shape.llm_parameters * 10 + 4 * 2 * 10 * 10 * 64 + 2 * 320 * 64
+    assert pass_flops(shape, 10, with_image=False) == text_only
+    assert pass_flops(shape, 10) == text_only + 2 * shape.vision_parameters * shape.patches_per_block \
+        + 4 * 2 * shape.patches_per_block**2 * 32

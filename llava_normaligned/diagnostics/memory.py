@@ -8,12 +8,16 @@ residual-stream tensors (h_0, h_{l-1}, h_l), one MLP intermediate, and fp32 logi
 estimate: allocator fragmentation and framework buffers vary.
 
 ``python -m llava_normaligned.diagnostics.memory`` prints the table of docs/diagnostics.md for reference
-architectures, built from their published dimensions on the meta device.
+architectures, built from their published dimensions on the meta device, and the time table: the FLOPs of one
+``diagnose`` prompt of the blog's two models (``diagnose_prompt_flops``) over the CPU FLOP rate measured on tiny
+models of the same classes by ``benchmarks/bench_diagnose_cpu.py`` (``assets/diagnose_cpu_rate.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -202,6 +206,121 @@ def reference_table(batch_sizes=(1, 4)) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------ time (FLOPs)
+
+VISION_PREFIXES = ("visual.", "vision_tower.", "vision_model.", "vision_encoder.")
+# the measured CPU FLOP rate of tiny models of each family (benchmarks/bench_diagnose_cpu.py writes it)
+CPU_RATE_RECORD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
+                               "diagnose_cpu_rate.json")
+
+
+@dataclass
+class PassShape:
+    """What one forward pass of ``config`` multiplies, counted on the meta device."""
+
+    vision_parameters: int  # the vision encoder (Qwen's merger included)
+    llm_parameters: int  # decoder layers and connector: every parameter that multiplies each token, no embeddings
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    attention_width: int  # heads x head_dim
+    vision_layers: int
+    vision_width: int
+    image_tokens: int  # entering the LLM
+    patches_per_block: int  # vision tokens attending to each other (one tile, or the whole image)
+    vision_blocks: int
+
+
+def _vision_layers_width(vision) -> tuple[int, int]:
+    layers = getattr(vision, "num_hidden_layers", None) or getattr(vision, "depth", None) or 0
+    return int(layers), int(getattr(vision, "hidden_size", 0) or 0)
+
+
+def pass_shape(config) -> PassShape:
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    embeddings = {id(p) for p in model.get_input_embeddings().parameters()}
+    embeddings |= {id(p) for p in model.get_output_embeddings().parameters()}
+    vision = llm = 0
+    for name, p in model.named_parameters():
+        if id(p) in embeddings:
+            continue
+        if any(f".{prefix}" in f".{name}" for prefix in VISION_PREFIXES):
+            vision += p.numel()
+        else:
+            llm += p.numel()
+    text, vision_config = config.get_text_config(), config.vision_config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    tokens = image_tokens(config)
+    patch = vision_config.patch_size
+    if isinstance(getattr(config, "scale_factor", None), int):  # Idefics3 / SmolVLM: tiles, pixel shuffle
+        per_block, blocks = (vision_config.image_size // patch) ** 2, IDEFICS_TILES
+    elif getattr(vision_config, "spatial_merge_size", None):  # Qwen-VL: one image, merge^2 patches per token
+        per_block, blocks = tokens * vision_config.spatial_merge_size**2, 1
+    else:  # LLaVA, Gemma3, ...: one fixed-size image
+        per_block, blocks = (vision_config.image_size // patch) ** 2, 1
+    layers, width = _vision_layers_width(vision_config)
+    return PassShape(vision, llm, text.vocab_size, text.hidden_size, text.num_hidden_layers, heads * head_dim,
+                     layers, width, tokens, per_block, blocks)
+
+
+def pass_flops(shape: PassShape, sequence: int, with_image: bool = True, scored: int = 1, cached: int = 0) -> float:
+    """Multiply-add FLOPs (2 per MAC) of one forward pass over ``sequence`` new tokens after ``cached`` ones: the
+    matmuls of the vision encoder (when ``with_image``), of the decoder, its attention scores and mixing, and the LM
+    head at ``scored`` positions. Norms, activations and RoPE are left out (a few per cent)."""
+    flops = 2.0 * shape.llm_parameters * sequence + 4.0 * shape.num_layers * sequence * (sequence + cached) \
+        * shape.attention_width + 2.0 * shape.vocab_size * shape.hidden_size * scored
+    if with_image:
+        patches = shape.patches_per_block * shape.vision_blocks
+        flops += 2.0 * shape.vision_parameters * patches
+        flops += 4.0 * shape.vision_layers * shape.vision_blocks * shape.patches_per_block**2 * shape.vision_width
+    return flops
+
+
+def diagnose_prompt_flops(shape: PassShape, new_tokens: int = 8, alphas: int = 8) -> float:
+    """FLOPs of one prompt of ``diagnose`` (runner.py's passes): the greedy prefill and n-1 cached steps; the
+    reference pass and one pass per alpha over prompt + n-1 tokens; the blank-image and no-image passes; the KV
+    substitution's two prefix passes and three cached steps."""
+    prompt = shape.image_tokens + PROMPT_TOKENS
+    forced = prompt + new_tokens - 1
+    flops = pass_flops(shape, prompt)  # greedy prefill
+    flops += (new_tokens - 1) * pass_flops(shape, 1, False, cached=prompt)
+    flops += (1 + alphas) * pass_flops(shape, forced, scored=new_tokens)
+    flops += pass_flops(shape, prompt) + pass_flops(shape, PROMPT_TOKENS, with_image=False)  # blank, no image
+    flops += 2 * pass_flops(shape, prompt - 1) + 3 * pass_flops(shape, 1, False, cached=prompt - 1)
+    return flops
+
+
+def cpu_rates() -> dict:
+    """family model_type -> the measured record (``benchmarks/bench_diagnose_cpu.py``); {} before it has run."""
+    if not os.path.isfile(CPU_RATE_RECORD):
+        return {}
+    with open(CPU_RATE_RECORD, encoding="utf-8") as f:
+        return json.load(f)["families"]
+
+
+def time_table() -> str:
+    """Extrapolated CPU seconds per ``diagnose`` prompt of the blog's two models: the FLOPs of one prompt at full
+    size over the FLOP rate measured on a tiny model of the same classes (an extrapolation, not a measurement)."""
+    rates = cpu_rates()
+    lines = ["| model | FLOPs per prompt | tiny model of the same classes: measured s per pass (GFLOP/s) "
+             "| CPU time per prompt, extrapolated |", "|---|---|---|---|"]
+    for name in OTHER_ARCHITECTURES:
+        config = reference_config(name)
+        record = rates.get(config.model_type)
+        flops = diagnose_prompt_flops(pass_shape(config))
+        if record is None:
+            lines.append(f"| {name} | {flops / 1e12:.1f} TFLOP | not measured | n/a |")
+            continue
+        rate = record["flops_per_pass"] / record["seconds_per_pass"]
+        lines.append(f"| {name} | {flops / 1e12:.1f} TFLOP | {record['seconds_per_pass']:.3f} s "
+                     f"({rate / 1e9:.1f}) | {flops / rate / 60:.0f} min |")
+    return "\n".join(lines)
+
+
 def make_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description="Print the memory table of docs/diagnostics.md (estimates).")
 
@@ -209,6 +328,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     make_parser().parse_args(argv)
     print(reference_table())
+    print()
+    print(time_table())
     return 0
 
 
