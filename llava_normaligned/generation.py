@@ -161,7 +161,9 @@ PLACEHOLDER_TOKEN_ATTRIBUTES = (  # on the processor or its tokenizer, each a to
     "image_end_token", "image_break_token", "context_image_token",
 )
 PLACEHOLDER_TOKEN_PATTERN = re.compile(  # added tokens matched by name
-    r"^(<row_\d+_col_\d+>|<fake_token_around_image>|<global-img>|<\|(image|video|vision)_(pad|start|end)\|>|<image>|<video>)$"
+    r"^(<row_\d+_col_\d+>|<fake_token_around_image>|<global-img>"  # Idefics3 / SmolVLM tiles
+    r"|<\|(image|video|vision)_(pad|start|end)\|>"  # Qwen-VL
+    r"|<image>|<video>)$"
 )
 
 
@@ -206,7 +208,11 @@ def _as_list(value) -> list:
 def _generate_kwargs(model, processor, max_new_tokens: int, temperature: float, **extra) -> dict:
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    suppressed = set(_as_list(extra.pop("suppress_tokens", None))) | set(placeholder_token_ids(model, processor))
+    suppressed = (  # the caller's, the checkpoint's generation config's, and the placeholders
+        set(_as_list(extra.pop("suppress_tokens", None)))
+        | set(_as_list(getattr(getattr(model, "generation_config", None), "suppress_tokens", None)))
+        | set(placeholder_token_ids(model, processor))
+    )
     kwargs = dict(max_new_tokens=max_new_tokens, suppress_tokens=sorted(suppressed), **extra)
     if temperature and temperature > 0:
         kwargs.update(do_sample=True, temperature=temperature)

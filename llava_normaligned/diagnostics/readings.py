@@ -5,7 +5,8 @@ columns, same names, one row per model (model, then baseline), so a reader can p
 
     Observation 1   Model | Vision/Text Norm Ratio
     Observation 2   Model | Modality | ||u_1||/||h_0|| | cos(h_1, h_0)
-    Ablation 1      Model | Real-Blank Norms corr coeff | Real-Blank Cosine corr coeff | Real-Text Norms ... | Real-Text Cosine ...
+    Ablation 1      Model | Real-Blank Norms corr coeff | Real-Blank Cosine corr coeff | Real-Text Norms corr coeff
+                    | Real-Text Cosine corr coeff
     Experiment 1    Model | alpha | Vision/Text Norm Ratio | Attention KL | Logit KL | Median Rank
     Experiment 2    Model | alpha | cos(K', K) | cos(V', V)
     Experiment 3    Model | KL(z_real || z_hybrid) | KL(z_blank || z_hybrid)
