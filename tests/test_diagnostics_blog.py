@@ -302,6 +302,27 @@ def test_estimate_memory_works_for_every_family(family, tmp_path, capsys):
     assert f"{real / 1e9:.2f}B parameters" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name, tokens", [
+    ("LlavaConfig", 576), ("LlavaNextConfig", 576), ("LlavaOnevisionConfig", 576), ("Idefics3Config", 204),
+    ("SmolVLMConfig", 204), ("Qwen2VLConfig", 729), ("Qwen2_5_VLConfig", 729), ("Qwen3VLConfig", 576),
+    ("Gemma3Config", 256), ("InternVLConfig", 256), ("PaliGemmaConfig", 256), ("Mistral3Config", 729),
+    ("Ovis2Config", 256),
+])
+def test_estimate_memory_reads_every_transformers_family_s_default_config(name, tokens, tmp_path, capsys):
+    """Each family's default (full-size) config, built on the meta device, its image tokens by its own rule: e.g.
+    Idefics3's defaults, 224 px tiles of patch 32 at scale 2: 49 // 4 = 12 tokens per tile x 17 tiles = 204;
+    Qwen2-VL's patch 14 x merge 2 on a 768 px image: 27^2 = 729; PaliGemma's num_image_tokens 256."""
+    import transformers
+
+    from llava_normaligned.diagnostics.memory import image_tokens
+
+    config = getattr(transformers, name)()
+    assert image_tokens(config) == tokens
+    config.save_pretrained(str(tmp_path))
+    assert main([str(tmp_path), "--estimate-memory"]) == 0
+    assert "parameters: weights" in capsys.readouterr().out
+
+
 def test_the_blog_s_models_are_in_the_memory_table():
     from llava_normaligned.diagnostics.memory import count_parameters, reference_config, reference_names
 

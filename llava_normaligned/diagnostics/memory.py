@@ -64,18 +64,23 @@ def image_tokens(config) -> int:
     """Image tokens of one image entering the LLM, from the config: LLaVA/PaliGemma ``image_seq_length``, Gemma3
     ``mm_tokens_per_image``, Idefics3/SmolVLM (patches per tile / scale_factor^2) x ``IDEFICS_TILES``, Qwen-VL
     (``DYNAMIC_IMAGE_SIDE`` / (patch x spatial merge))^2; otherwise ``DEFAULT_IMAGE_TOKENS``."""
-    for key in ("image_seq_length", "mm_tokens_per_image", "num_image_tokens"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
+    for owner in (config, config.get_text_config()):  # PaliGemma keeps num_image_tokens in its text config
+        for key in ("image_seq_length", "mm_tokens_per_image", "num_image_tokens"):
+            value = getattr(owner, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
     vision = getattr(config, "vision_config", None)
     patch = getattr(vision, "patch_size", None)
     if isinstance(getattr(config, "scale_factor", None), int) and patch:  # Idefics3, SmolVLM: pixel shuffle
         per_tile = (vision.image_size // patch) ** 2 // config.scale_factor**2
         return per_tile * IDEFICS_TILES
-    merge = getattr(vision, "spatial_merge_size", None)
-    if merge and patch:  # Qwen2/2.5/3-VL: dynamic resolution, merge x merge patches per token
+    # Qwen2/2.5/3-VL (vision_config) and Mistral3 (top level): dynamic resolution, merge x merge patches per token
+    merge = getattr(vision, "spatial_merge_size", None) or getattr(config, "spatial_merge_size", None)
+    if merge and patch:
         return (DYNAMIC_IMAGE_SIDE // (patch * merge)) ** 2
+    stride = getattr(vision, "hidden_stride", None)
+    if stride and patch:  # Ovis2: one fixed-size image, stride x stride patches per visual token
+        return (vision.image_size // patch // stride) ** 2
     return DEFAULT_IMAGE_TOKENS
 
 
@@ -258,8 +263,8 @@ def pass_shape(config) -> PassShape:
     patch = vision_config.patch_size
     if isinstance(getattr(config, "scale_factor", None), int):  # Idefics3 / SmolVLM: tiles, pixel shuffle
         per_block, blocks = (vision_config.image_size // patch) ** 2, IDEFICS_TILES
-    elif getattr(vision_config, "spatial_merge_size", None):  # Qwen-VL: one image, merge^2 patches per token
-        per_block, blocks = tokens * vision_config.spatial_merge_size**2, 1
+    elif merge := getattr(vision_config, "spatial_merge_size", None) or getattr(config, "spatial_merge_size", None):
+        per_block, blocks = tokens * merge**2, 1  # Qwen-VL, Mistral3: one image, merge^2 patches per token
     else:  # LLaVA, Gemma3, ...: one fixed-size image
         per_block, blocks = (vision_config.image_size // patch) ** 2, 1
     layers, width = _vision_layers_width(vision_config)
