@@ -69,11 +69,12 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
 
 @torch.no_grad()
 def embedding_table_stats(embeddings: torch.Tensor, tokenizer, top_k: int, exclude_token_ids=(),
-                          eps: float = TEXT_NORM_EPS) -> dict:
+                          eps: float = TEXT_NORM_EPS, scale: float = 1.0) -> dict:
     """L2 norms of the rows of a (V, D) input-embedding table, ``exclude_token_ids`` left out: mean, std
     (population), median, min, max, counts, and the ``top_k`` largest rows with their token and decoded text (paper
-    Appendix C, Tables 6-8). One function for ``diagnose`` and ``diagnose --compare-embeddings``."""
-    norms = embedding_row_norms(embeddings).cpu()  # (V,)
+    Appendix C, Tables 6-8). ``scale`` multiplies every norm (an embedding layer that scales its rows, as Gemma's
+    does by sqrt(D)). One function for ``diagnose`` and ``diagnose --compare-embeddings``."""
+    norms = embedding_row_norms(embeddings).cpu() * scale  # (V,)
     kept = torch.ones_like(norms, dtype=torch.bool)
     excluded = [int(i) for i in exclude_token_ids if i is not None and 0 <= int(i) < norms.numel()]
     kept[excluded] = False
