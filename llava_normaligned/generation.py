@@ -10,6 +10,7 @@ processor's chat template, so the image token is placed by the template, never t
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -145,10 +146,74 @@ def _pad_token_id(model, tokenizer) -> int:
     raise ValueError("neither the tokenizer nor the generation config has a pad or EOS token id: set one")
 
 
+# Placeholders a model must never generate. A generated image token has no image features behind it, so the next
+# decoding step fails ("Image features and image tokens do not match"); a small or untrained model can pick one
+# greedily. The others (video, vision start/end, Idefics3's fake-token-around-image, global-image tag and tile-position
+# tokens) only mean something where the processor wrote them around image features.
+PLACEHOLDER_CONFIG_KEYS = (
+    "image_token_id", "image_token_index", "video_token_id", "video_token_index",  # LLaVA family, Qwen-VL, Gemma3
+    "vision_start_token_id", "vision_end_token_id",  # Qwen2/2.5/3-VL
+    "boi_token_index", "eoi_token_index", "boi_token_id", "eoi_token_id",  # Gemma3's start/end of image
+)
+PLACEHOLDER_TOKEN_ATTRIBUTES = (  # on the processor or its tokenizer, each a token string
+    "image_token", "video_token", "vision_start_token", "vision_end_token", "boi_token", "eoi_token",
+    "fake_image_token", "global_image_tag", "start_image_token", "end_image_token", "image_start_token",
+    "image_end_token", "image_break_token", "context_image_token",
+)
+PLACEHOLDER_TOKEN_PATTERN = re.compile(  # added tokens matched by name
+    r"^(<row_\d+_col_\d+>|<fake_token_around_image>|<global-img>"  # Idefics3 / SmolVLM tiles
+    r"|<\|(image|video|vision)_(pad|start|end)\|>"  # Qwen-VL
+    r"|<image>|<video>)$"
+)
+
+
+def placeholder_token_ids(model, processor) -> list[int]:
+    """Ids decoding must never emit: image and video placeholders, vision start/end markers, Idefics3/SmolVLM's
+    tile tokens, read from the model's config, the processor, and the tokenizer's added tokens. ``generate``,
+    ``eval`` and ``diagnose`` all suppress exactly these."""
+    config = getattr(model, "config", None)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    ids = {getattr(config, key, None) for key in PLACEHOLDER_CONFIG_KEYS}
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else None
+    eos = set(_as_list(getattr(tokenizer, "eos_token_id", None))) | set(
+        _as_list(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    )
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    tokens = set()
+    for owner in (processor, tokenizer):
+        for key in PLACEHOLDER_TOKEN_ATTRIBUTES:
+            token = getattr(owner, key, None)
+            token = getattr(token, "content", token)  # an AddedToken
+            if isinstance(token, str) and token:
+                tokens.add(token)
+    added = getattr(tokenizer, "get_added_vocab", None)
+    if callable(added):
+        tokens |= {token for token in added() if PLACEHOLDER_TOKEN_PATTERN.match(token)}
+    for token in tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != unknown:
+            ids.add(token_id)
+    vocab = getattr(text_config, "vocab_size", None)
+    return sorted(
+        i for i in ids if isinstance(i, int) and i >= 0 and i not in eos and (vocab is None or i < vocab)
+    )
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def _generate_kwargs(model, processor, max_new_tokens: int, temperature: float, **extra) -> dict:
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    kwargs = dict(max_new_tokens=max_new_tokens, **extra)
+    suppressed = (  # the caller's, the checkpoint's generation config's, and the placeholders
+        set(_as_list(extra.pop("suppress_tokens", None)))
+        | set(_as_list(getattr(getattr(model, "generation_config", None), "suppress_tokens", None)))
+        | set(placeholder_token_ids(model, processor))
+    )
+    kwargs = dict(max_new_tokens=max_new_tokens, suppress_tokens=sorted(suppressed), **extra)
     if temperature and temperature > 0:
         kwargs.update(do_sample=True, temperature=temperature)
     else:

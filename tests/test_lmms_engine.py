@@ -63,7 +63,8 @@ def test_placeholder_tokens_are_never_generated(tiny_model, tiny_processor):
     """A model whose favourite next token is the image token: the evaluation's decoding still never emits it."""
     from PIL import Image
 
-    from llava_normaligned.evaluation.batches import generate_answers, placeholder_token_ids
+    from llava_normaligned.evaluation.batches import generate_answers
+    from llava_normaligned.generation import placeholder_token_ids
     from llava_normaligned.evaluation.prompts import GenerationRequest
 
     image_id = tiny_model.config.image_token_id

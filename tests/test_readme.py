@@ -61,9 +61,10 @@ def test_readme_cli_calls_name_real_commands_and_flags(call):
 
 
 def test_readme_memory_table_is_the_code_s_own_estimate():
-    from llava_normaligned.diagnostics.memory import reference_table
+    from llava_normaligned.diagnostics.memory import reference_table, time_table
 
     assert reference_table().strip() in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
+    assert time_table().strip() in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
 
 
 # ------------------------------------------------------------------------------ stated durations, from one record

@@ -53,7 +53,25 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     group.add_argument("--estimate-memory", action="store_true",
                        help="print the estimated memory for MODEL (from its config only) and exit")
+    group.add_argument("--compare-embeddings", metavar="BASE_LLM", default=None,
+                       help="the paper's Appendix C tables (embedding-norm mean/std, top-k tokens by norm) for "
+                       "BASE_LLM and MODEL's LLM; reads the two embedding tables only, prints the tables (and writes "
+                       "them to --output-dir when given) and exits")
+    group.add_argument("--base-revision", default=None, help="revision of BASE_LLM for --compare-embeddings")
     return parser
+
+
+def _compare_embeddings(args) -> int:
+    from .embeddings import compare_embeddings, render, write
+
+    comparison = compare_embeddings(args.model, args.compare_embeddings, revision=args.revision,
+                                    base_revision=args.base_revision, trust_remote_code=args.trust_remote_code,
+                                    top_k=args.top_k)
+    print(render(comparison), end="")
+    if args.output_dir:
+        written = write(comparison, args.output_dir)
+        print(f"wrote {len(written)} files to {args.output_dir}")
+    return 0
 
 
 def _estimate_memory(args) -> int:
@@ -81,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.estimate_memory:
             return _estimate_memory(args)
+        if args.compare_embeddings:
+            return _compare_embeddings(args)
         if not args.output_dir:
             parser.error("--output-dir is required")
         config = DiagnoseConfig(

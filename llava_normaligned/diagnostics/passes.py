@@ -121,19 +121,28 @@ def step(model, cache, token: torch.Tensor, attention_mask: torch.Tensor, deltas
     return out.logits[:, -1].float(), output_cache(out)
 
 
+def _argmax(logits: torch.Tensor, suppress) -> torch.Tensor:
+    """(B, 1) argmax of (B, V) logits with the ``suppress`` ids never chosen."""
+    if suppress:
+        logits = logits.clone()
+        logits[:, list(suppress)] = float("-inf")
+    return logits.argmax(-1, keepdim=True).cpu()
+
+
 @torch.inference_mode()
-def greedy_continuation(model, inputs: dict, max_new_tokens: int) -> torch.Tensor:
-    """(B, n) greedy tokens after the prompt. Decoding does not stop at EOS: every row gets n tokens, so that the
-    teacher-forced passes of the sweep score the same n positions in every row."""
+def greedy_continuation(model, inputs: dict, max_new_tokens: int, suppress=()) -> torch.Tensor:
+    """(B, n) greedy tokens after the prompt, never one of ``suppress`` (the placeholder tokens,
+    ``generation.placeholder_token_ids``: a generated image token would break the teacher-forced passes). Decoding
+    does not stop at EOS: every row gets n tokens, so that the passes of the sweep score the same n positions."""
     out = run(model, inputs, use_cache=True, logits_to_keep=1)
-    token = out.logits[:, -1].argmax(-1, keepdim=True).cpu()  # (B, 1)
+    token = _argmax(out.logits[:, -1], suppress)  # (B, 1)
     cache, mask = output_cache(out), inputs["attention_mask"]
     deltas = rope_deltas(model, inputs)
     tokens = [token]
     for _ in range(max_new_tokens - 1):
         mask = torch.cat([mask, torch.ones_like(token, dtype=mask.dtype)], dim=1)
         logits, cache = step(model, cache, token, mask, deltas)
-        token = logits.argmax(-1, keepdim=True).cpu()
+        token = _argmax(logits, suppress)
         tokens.append(token)
     return torch.cat(tokens, dim=1)
 

@@ -52,43 +52,58 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
     the remaining rows; ``T`` is the mean over those with norm > eps (paper §5.1), the target of the aligned norm,
     computed by the model's own ``text_embedding_norm_target`` (the function ``compose`` sets ``norm_target`` with).
     """
-    norms = embedding_row_norms(points.embeddings).cpu()  # (V,)
-    kept = torch.ones_like(norms, dtype=torch.bool)
-    if 0 <= points.image_token_id < norms.numel():
-        kept[points.image_token_id] = False
-    ids = torch.arange(norms.numel())[kept]
-    rows = norms[kept]
     try:
         target = text_embedding_norm_target(points.embeddings, eps, exclude_token_ids=(points.image_token_id,))
     except ValueError:  # every row is zero: T is undefined
         target = None
-    order = rows.argsort(descending=True)[:top_k]
+    summary = embedding_table_stats(points.embeddings, tokenizer, top_k, (points.image_token_id,), eps)
+    top = summary.pop("top_k")
+    return {
+        **{key: summary[key] for key in ("mean", "std")},
+        "T": target,
+        **summary,
+        "config_norm_target": getattr(points.model.config, "norm_target", None),
+        "top_k": top,
+    }
+
+
+@torch.no_grad()
+def embedding_table_stats(embeddings: torch.Tensor, tokenizer, top_k: int, exclude_token_ids=(),
+                          eps: float = TEXT_NORM_EPS, scale: float = 1.0) -> dict:
+    """L2 norms of the rows of a (V, D) input-embedding table, ``exclude_token_ids`` left out: mean, std
+    (population), median, min, max, counts, and the ``top_k`` largest rows with their token and decoded text (paper
+    Appendix C, Tables 6-8). ``scale`` multiplies every norm (an embedding layer that scales its rows, as Gemma's
+    does by sqrt(D)). One function for ``diagnose`` and ``diagnose --compare-embeddings``."""
+    norms = embedding_row_norms(embeddings).cpu() * scale  # (V,)
+    kept = torch.ones_like(norms, dtype=torch.bool)
+    excluded = [int(i) for i in exclude_token_ids if i is not None and 0 <= int(i) < norms.numel()]
+    kept[excluded] = False
+    ids = torch.arange(norms.numel())[kept]
+    rows = norms[kept]
     top = []
-    for rank, index in enumerate(order.tolist(), 1):
+    for rank, index in enumerate(rows.argsort(descending=True, stable=True)[:top_k].tolist(), 1):
         token_id = int(ids[index])
+        known = tokenizer is not None and token_id < len(tokenizer)
         top.append(
             {
                 "rank": rank,
                 "token_id": token_id,
-                "token": tokenizer.convert_ids_to_tokens(token_id) if token_id < len(tokenizer) else None,
-                "text": tokenizer.decode([token_id]) if token_id < len(tokenizer) else None,
+                "token": tokenizer.convert_ids_to_tokens(token_id) if known else None,
+                "text": tokenizer.decode([token_id]) if known else None,
                 "norm": float(rows[index]),
             }
         )
-    config_target = getattr(points.model.config, "norm_target", None)
     return {
         "mean": float(rows.mean()),
         "std": float(rows.std(correction=0)),
-        "T": target,
         "median": float(rows.median()),
         "min": float(rows.min()),
         "max": float(rows.max()),
         "num_rows": int(rows.numel()),
         "num_zero_rows": int((rows <= eps).sum()),
         "eps": eps,
-        "excluded_token_ids": [points.image_token_id],
-        "hidden_size": int(points.embeddings.shape[-1]),
-        "config_norm_target": config_target,
+        "excluded_token_ids": excluded,
+        "hidden_size": int(embeddings.shape[-1]),
         "top_k": top,
     }
 

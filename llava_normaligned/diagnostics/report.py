@@ -47,8 +47,10 @@ def public_name(name: str | None) -> str | None:
 
 
 def build_document(settings: dict, main: dict, baseline: dict | None) -> dict:
+    from .readings import blog_tables, layer_curves
+
     settings = {**settings, **{key: public_name(settings.get(key)) for key in PATH_SETTINGS if key in settings}}
-    return {
+    document = {
         "format": FORMAT,
         "model_id": main["model_id"],
         "baseline_id": baseline["model_id"] if baseline else None,
@@ -58,6 +60,9 @@ def build_document(settings: dict, main: dict, baseline: dict | None) -> dict:
         **main,
         "baseline": baseline,
     }
+    # the blog's six tables and its figures' curves, rows for the model then the baseline (readings.BLOG_TABLES)
+    document["blog_tables"] = {**blog_tables(models(document)), "layer_curves": layer_curves(models(document))}
+    return document
 
 
 def models(document: dict) -> list[tuple[str, dict]]:
@@ -300,6 +305,51 @@ def deepstack_rows(numbers: dict) -> list[str]:
     return lines
 
 
+def _markdown_table(table: dict, digits: int = 3) -> list[str]:
+    columns = table["columns"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in table["rows"]:
+        cells = [f"`{v}`" if i == 0 else _fmt(v, digits) for i, v in enumerate(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _blog_section(document: dict) -> list[str]:
+    tables = document.get("blog_tables") or {}
+    lines = ["", "### The blog's tables", "",
+             "Laid out as the blog post lays them out (same rows, columns and names); values in "
+             "`diagnostics.json` under `blog_tables`. Vision/Text Norm Ratio: mean ‖h_0‖ of the vision tokens over "
+             "that of the prompt's text tokens; Experiment 1 is the swept α nearest the norm-matching one, its ratio "
+             "α × that ratio; Experiment 2 is the smallest swept α; Real-Text is the run with no image."]
+    for name, table in tables.items():
+        if name == "layer_curves" or not table["rows"]:
+            continue
+        lines += ["", f"{table['section']}:", ""] + _markdown_table(table, 4 if name == "ablation" else 3)
+    curves = tables.get("layer_curves")
+    if curves and curves["rows"]:
+        lines += ["", "<details><summary>Per layer and modality (the blog's figures)</summary>", ""]
+        lines += _markdown_table(curves) + ["", "</details>"]
+    return lines
+
+
+def _directions_section(document: dict) -> list[str]:
+    lines = ["", "### Which way each measurement points", "",
+             "The paper (arXiv 2512.08374): vision tokens rotate slower and the gap persists. The blog: downscaling "
+             "breaks behaviour, K is robust and V is not. Each row tests one claim by the rule given "
+             "(`directions` in the JSON).", ""]
+    pairs = models(document)
+    lines.append("| claim (whose) | measurement | rule | " + " | ".join(f"`{n['model_id']}`" for _, n in pairs) + " |")
+    lines.append("|---|---|---|" + "---|" * len(pairs))
+    for i, first in enumerate(pairs[0][1].get("directions") or []):
+        cells = []
+        for _, numbers in pairs:
+            d = numbers["directions"][i]
+            cells.append(f"{_fmt(d['value'])}: **{d['verdict']}**")
+        lines.append(f"| {first['claim']} ({first['side']}) | {first['measurement']} | {first['rule']} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
 FIGURE_CAPTIONS = {
     "fig_norms_cosine.png": "Layer-wise norms and inter-layer cosine per modality (paper Fig. 4)",
     "fig_alpha_sweep.png": "Projector output scaled by α (the blog's Experiment 1)",
@@ -328,6 +378,8 @@ def render_summary(document: dict, figures: list[str] = ()) -> str:
         lines += ["", f"α sweep of `{numbers['model_id']}` (projector output × α; reference α = 1):", ""]
         lines += _alpha_rows(numbers)
         lines += deepstack_rows(numbers)
+    lines += _blog_section(document)
+    lines += _directions_section(document)
     for name, caption in FIGURE_CAPTIONS.items():
         if name in figures:
             lines += ["", f"![{caption}]({name})"]

@@ -17,10 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
+from llava_normaligned.generation import placeholder_token_ids
+
 from . import blog, passes, probes
 from .config import DiagnoseConfig, DiagnosticsError
 from .inputs import Batch, Sample, make_batches
 from .probe_points import ProbePoints, locate
+from .readings import directions
 from .taps import AttentionTap, DeepstackTap, ProjectorTap, ResidualTap, eager_attention
 from .theory import compare_rotation
 
@@ -196,14 +199,15 @@ def _kv_substitution(points, batch: Batch, acc: Accumulators):
 
 
 def diagnose_batch(points: ProbePoints, batch: Batch, config: DiagnoseConfig, acc: Accumulators, tokenizer,
-                   stage=lambda name: None):
-    """All passes of one batch; ``stage(name)`` is called as each begins (for the progress bar)."""
+                   stage=lambda name: None, suppress=()):
+    """All passes of one batch; ``stage(name)`` is called as each begins (for the progress bar); ``suppress``: the
+    token ids greedy decoding never picks (``generation.placeholder_token_ids``)."""
     if batch.image_mask[:, -1].any():
         raise DiagnosticsError("a formatted prompt ends with an image token: the probes need a text token last")
     n = config.max_new_tokens
     acc.text_rules.add(batch.text_rule)
     stage("greedy decoding")
-    greedy = passes.greedy_continuation(points.model, batch.inputs, n)  # (B, n)
+    greedy = passes.greedy_continuation(points.model, batch.inputs, n, suppress)  # (B, n)
     acc.generated += tokenizer.batch_decode(greedy, skip_special_tokens=False)
     appended = greedy[:, : n - 1] if n > 1 else None
     pos = Positions.of(batch, n)
@@ -275,7 +279,7 @@ def summarise(acc: Accumulators, text_norm: dict, samples: list[Sample]) -> dict
     llm_input = vision_norm["llm_input"]
     text_layer0 = layers["text"]["norm"][0] if layers.get("text") else None
     text_median0 = layers["text"]["norm_median"][0] if layers.get("text") else None
-    return {
+    numbers = {
         "num_samples": len(samples),
         "samples": [
             {"image": os.path.basename(s.image_path), "prompt": s.prompt, "greedy_tokens": g}
@@ -303,6 +307,8 @@ def summarise(acc: Accumulators, text_norm: dict, samples: list[Sample]) -> dict
         "kv_substitution": acc.kv.summary(),
         "theory": compare_rotation(layers, pooled),
     }
+    numbers["directions"] = directions(numbers)  # which way each measurement points (readings.RULES)
+    return numbers
 
 
 def probe_model(model, processor, config: DiagnoseConfig, samples: list[Sample], model_id: str = "model",
@@ -316,8 +322,9 @@ def probe_model(model, processor, config: DiagnoseConfig, samples: list[Sample],
     acc = Accumulators.new(points.num_layers, config.alphas)
     bar = _progress(batches, config.progress, desc=f"diagnose {label}", unit="batch")
     stage = bar.set_postfix_str if config.progress else (lambda name: None)
+    suppress = placeholder_token_ids(model, processor)
     for batch in bar:
-        diagnose_batch(points, batch, config, acc, processor.tokenizer, stage)
+        diagnose_batch(points, batch, config, acc, processor.tokenizer, stage, suppress)
     summary = summarise(acc, text_norm, samples)
     deepstack = deepstack_summary(points, acc, text_norm["T"])
     return {**_model_facts(model_id, revision, points), **summary, **({"deepstack": deepstack} if deepstack else {})}

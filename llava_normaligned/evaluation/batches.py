@@ -103,24 +103,7 @@ def generate_answers(model, processor, requests: list[GenerationRequest], max_ne
         [r.images for r in requests],
         max_new_tokens=max_new_tokens,
         batch_size=len(requests),
-        suppress_tokens=placeholder_token_ids(model, processor),
-    )
-
-
-def placeholder_token_ids(model, processor) -> list[int]:
-    """Ids decoding must never emit: the image (and video) placeholder tokens. A generated placeholder has no image
-    features behind it, so the next step fails ("Image features and image tokens do not match"); an untrained or
-    small model can pick one greedily."""
-    config = getattr(model, "config", None)
-    tokenizer = getattr(processor, "tokenizer", processor)
-    ids = {getattr(config, key, None) for key in ("image_token_id", "image_token_index", "video_token_id")}
-    for owner in (processor, tokenizer):
-        for key in ("image_token", "video_token"):
-            token = getattr(owner, key, None)
-            if isinstance(token, str):
-                token_id = tokenizer.convert_tokens_to_ids(token)
-                ids.add(token_id if token_id != tokenizer.unk_token_id else None)
-    return sorted(i for i in ids if isinstance(i, int) and i >= 0)
+    )  # generate_batch suppresses the placeholder tokens (generation.placeholder_token_ids)
 
 
 def _judged(spec: TaskSpec, row: int, request: GenerationRequest, prediction: str) -> dict:
