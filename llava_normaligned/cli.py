@@ -6,8 +6,12 @@ modules are imported only when their subcommand runs, so ``--help`` stays fast.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib
+import io
 import logging
+import os
 import sys
 import warnings
 
@@ -90,6 +94,74 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+HELP_FLAGS = (["-h"], ["--help"])
+# what a command's --help text depends on besides this package's own source
+HELP_DEPENDS_ON = ("llava-normaligned", "trl", "transformers", "peft", "accelerate", "datasets")
+
+
+def help_cache_dir() -> str:
+    """Where ``COMMAND --help`` texts are kept: ``$LLAVA_NORMALIGNED_CACHE``, else ``$XDG_CACHE_HOME`` or
+    ``~/.cache``, under ``llava-normaligned/help``."""
+    root = os.environ.get("LLAVA_NORMALIGNED_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "llava-normaligned")
+    return os.path.join(root, "help")
+
+
+def _help_key(name: str) -> str:
+    """A digest of what ``name --help`` prints from: the installed versions of the packages whose options it lists
+    and every source file of this package (an edited checkout is a new key)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    digest = hashlib.blake2b(name.encode(), digest_size=12)
+    for package in HELP_DEPENDS_ON:
+        try:
+            digest.update(f"{package}={version(package)};".encode())
+        except PackageNotFoundError:
+            digest.update(f"{package}=none;".encode())
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    roots = [package_dir] + [os.path.join(os.path.dirname(package_dir), d) for d in ("trainer", "hub_cards")]
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for file in sorted(f for f in files if f.endswith(".py") or f.endswith(".yaml")):
+                path = os.path.join(folder, file)
+                stat = os.stat(path)
+                digest.update(f"{os.path.relpath(path, root)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
+
+
+def cached_help(name: str, run) -> int:
+    """``name --help``: printed from the cache when this package, its sources and the packages it lists options
+    of are as they were when it was last built; otherwise built by ``run(["--help"])`` (``train --help`` imports
+    TRL and transformers' ``TrainingArguments``: seconds on an idle machine, a minute on a busy one) and kept."""
+    path = os.path.join(help_cache_dir(), f"{name}-{_help_key(name)}.txt")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            sys.stdout.write(handle.read())
+        return 0
+    except OSError:
+        pass
+    captured = io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(captured):
+        try:
+            code = int(run(["--help"]) or 0)
+        except SystemExit as done:  # argparse's --help exits
+            code = done.code if isinstance(done.code, int) else 0
+    text = captured.getvalue()
+    sys.stdout.write(text)
+    if code == 0 and text:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            partial = f"{path}.{os.getpid()}.partial"
+            with open(partial, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(partial, path)  # never a half-written help text
+        except OSError:
+            pass
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -106,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, function, _ = COMMANDS[name]
     quiet_known_notices(rest)
+    if rest in HELP_FLAGS:
+        return cached_help(name, lambda args: getattr(importlib.import_module(module_name), function)(args))
     module = importlib.import_module(module_name)
     result = getattr(module, function)(rest)
     return int(result or 0)
