@@ -189,6 +189,19 @@ def test_fsdp_wraps_the_listed_layer_classes_the_model_has(tiny_model):
         fit_fsdp_wrap_classes(none_present, tiny_model)
 
 
+def test_fsdp_resume_knows_which_optimizers_keep_tensor_state(tiny_model):
+    # an FSDP resume loads optimizer state only where there is some: torch's full-state-dict load fails without it
+    from llava_normaligned.trainer.engines import optimizer_keeps_tensors
+
+    params = [p for p in tiny_model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    assert not optimizer_keeps_tensors(tiny_model, torch.optim.SGD(params, lr=1.0))
+    assert optimizer_keeps_tensors(tiny_model, torch.optim.SGD(params, lr=1.0, momentum=0.9))
+    assert optimizer_keeps_tensors(tiny_model, torch.optim.AdamW(params, lr=1.0))
+    # asking initialises the state with a zero step at lr 0: the weights and gradients are as they were
+    assert all(torch.equal(a, b) for a, b in zip(before, params)) and all(p.grad is None for p in params)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_engine_trains_both_stages_like_one_process_and_resumes(engine, ramp_model_dir, two_rows, one_process,
