@@ -114,18 +114,6 @@ def fit_fsdp_wrap_classes(plugin, model) -> list[str] | None:
     return kept
 
 
-def gathered_state_dict(state_dict: dict | None) -> dict | None:
-    """A state dict with every FSDP2 ``DTensor`` gathered whole. Collective: every rank calls it alike.
-
-    On the CPU, accelerate's FSDP2 full state dict (``get_model_state_dict(full_state_dict=True,
-    broadcast_from_rank0=True, cpu_offload=True)``) came back as the sharded ``DTensor``s, which safetensors cannot
-    write ("Attempted to access the data pointer on an invalid python storage"); GPU runs get plain tensors and pass
-    through unchanged."""
-    if not state_dict or not any(hasattr(v, "full_tensor") for v in state_dict.values()):
-        return state_dict
-    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state_dict.items()}
-
-
 def optimizer_keeps_tensors(model, optimizer) -> bool:
     """Whether ``optimizer`` keeps per-parameter tensors (AdamW's moments; SGD without momentum keeps none), as torch's
     distributed checkpoint sees it (its state is initialised first, as loading does). Local: no collective.
@@ -190,4 +178,4 @@ def engine_summary(trainer) -> dict:
         "parameter_elements_here": local,
         "parameter_elements": total,
     }
-__all__ = ["cpu_engine_arguments", "engine_summary", "fit_fsdp_wrap_classes", "gathered_state_dict", "remove_wrapper_sources", "launched_engine", "optimizer_keeps_tensors", "take_fsdp_on_cpu"]
+__all__ = ["cpu_engine_arguments", "engine_summary", "fit_fsdp_wrap_classes", "remove_wrapper_sources", "launched_engine", "optimizer_keeps_tensors", "take_fsdp_on_cpu"]

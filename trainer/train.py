@@ -46,7 +46,6 @@ from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .engines import (
     engine_summary,
     fit_fsdp_wrap_classes,
-    gathered_state_dict,
     optimizer_keeps_tensors,
     remove_wrapper_sources,
     take_fsdp_on_cpu,
@@ -118,7 +117,7 @@ class LlavaStageTrainer(SFTTrainer):
             fit_fsdp_wrap_classes(self.accelerator.state.fsdp_plugin, self.model)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        super()._save(output_dir, state_dict=gathered_state_dict(state_dict))  # FSDP2 on the CPU (engines.py)
+        super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             remove_wrapper_sources(self.model, output_dir if output_dir is not None else self.args.output_dir)
 
