@@ -59,6 +59,7 @@ def take_fsdp_on_cpu(accelerator) -> bool:
     Called right after the Trainer creates its ``Accelerator`` and before anything is prepared. Returns whether
     it switched; a GPU run, or a run not launched with FSDP, is left as it is.
     """
+    from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = accelerator.state
@@ -71,6 +72,11 @@ def take_fsdp_on_cpu(accelerator) -> bool:
         plugin.set_mixed_precision(state.mixed_precision)
     state.fsdp_plugin = plugin
     state.distributed_type = DistributedType.FSDP
+    # Every later ``AcceleratorState()`` copies ``PartialState``'s fields over its own (accelerate does that in
+    # ``AcceleratorState.__init__``), which put ``MULTI_CPU`` back after ``prepare``: ``accelerator.is_fsdp2`` was then
+    # False, and ``load_fsdp_model`` returned on rank 1 without entering rank 0's ``broadcast_from_rank0`` (resume
+    # hung). accelerate's own FSDP set-up records the type in ``PartialState`` too.
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     logger.info("FSDP%d on the CPU over gloo (%d processes): parameters are sharded", plugin.fsdp_version,
                 state.num_processes)
     return True
@@ -108,16 +114,17 @@ def fit_fsdp_wrap_classes(plugin, model) -> list[str] | None:
     return kept
 
 
-def gathered_state_dict(state_dict: dict | None) -> dict | None:
-    """A state dict with every FSDP2 ``DTensor`` gathered whole. Collective: every rank calls it alike.
+def optimizer_keeps_tensors(model, optimizer) -> bool:
+    """Whether ``optimizer`` keeps per-parameter tensors (AdamW's moments; SGD without momentum keeps none), as torch's
+    distributed checkpoint sees it (its state is initialised first, as loading does). Local: no collective.
 
-    On the CPU, accelerate's FSDP2 full state dict (``get_model_state_dict(full_state_dict=True,
-    broadcast_from_rank0=True, cpu_offload=True)``) came back as the sharded ``DTensor``s, which safetensors cannot
-    write ("Attempted to access the data pointer on an invalid python storage"); GPU runs get plain tensors and pass
-    through unchanged."""
-    if not state_dict or not any(hasattr(v, "full_tensor") for v in state_dict.values()):
-        return state_dict
-    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state_dict.items()}
+    torch's full-state-dict optimizer load under FSDP2 (``set_optimizer_state_dict``, which accelerate's
+    ``load_fsdp_optimizer`` calls) fails on every rank for an optimizer without such tensors ("Expected device to be
+    set"): there is nothing to load then but the scheduler."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))["state"]
+    return any(hasattr(value, "dim") and value.dim() > 0 for per_param in state.values() for value in per_param.values())
 
 
 def remove_wrapper_sources(model, folder: str) -> list[str]:
@@ -171,4 +178,4 @@ def engine_summary(trainer) -> dict:
         "parameter_elements_here": local,
         "parameter_elements": total,
     }
-__all__ = ["cpu_engine_arguments", "engine_summary", "fit_fsdp_wrap_classes", "gathered_state_dict", "remove_wrapper_sources", "launched_engine", "take_fsdp_on_cpu"]
+__all__ = ["cpu_engine_arguments", "engine_summary", "fit_fsdp_wrap_classes", "remove_wrapper_sources", "launched_engine", "optimizer_keeps_tensors", "take_fsdp_on_cpu"]

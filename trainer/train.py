@@ -46,7 +46,7 @@ from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .engines import (
     engine_summary,
     fit_fsdp_wrap_classes,
-    gathered_state_dict,
+    optimizer_keeps_tensors,
     remove_wrapper_sources,
     take_fsdp_on_cpu,
 )
@@ -117,9 +117,18 @@ class LlavaStageTrainer(SFTTrainer):
             fit_fsdp_wrap_classes(self.accelerator.state.fsdp_plugin, self.model)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        super()._save(output_dir, state_dict=gathered_state_dict(state_dict))  # FSDP2 on the CPU (engines.py)
+        super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             remove_wrapper_sources(self.model, output_dir if output_dir is not None else self.args.output_dir)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is not None and self.is_fsdp_enabled and not optimizer_keeps_tensors(self.model, self.optimizer):
+            # FSDP: torch cannot load an optimizer without tensor state (SGD without momentum), and there is none
+            from transformers.trainer import SCHEDULER_NAME
+
+            self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
+            return
+        super()._load_optimizer_and_scheduler(checkpoint)
 
     def resolved_learning_rates(self) -> dict[str, float]:
         return self.learning_rates.resolved(self.args.learning_rate)
