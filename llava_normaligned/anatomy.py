@@ -57,6 +57,12 @@ class Family:
     llm_linear_names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     vision_linear_names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
     notes: str = ""
+    # What the projector maps: "features" (an MLP or linear map of vision features), or "visual_vocabulary" (Ovis:
+    # an embedding table applied to a probability distribution over a visual vocabulary, paper RQ4).
+    projector_input: str = "features"
+    # token_type_ids of the tokens a model generates after its prompt, where its forward takes them (PaliGemma: 1,
+    # the causal suffix after the bidirectional prefix; Gemma3: 0, text)
+    generated_token_type: int = 0
 
     # ----------------------------------------------------------------------------------------- module paths
     @property
@@ -130,8 +136,37 @@ LLAVA_NORMALIGNED = replace(
     notes="this package's model: LLaVA with the norm-aligned LayerNorm after the projector (paper §5.1)",
 )
 
+# transformers 5's LLaVA-like families: the image features are scattered into the LLM's input embeddings at the
+# image-token positions, after the projector (and, for LLaVA-NeXT/OneVision, the unpadding and newline rows).
+PIXTRAL_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LLAVA_LIKE: tuple[Family, ...] = (
+    replace(LLAVA, name="llava_next", model_types=("llava_next",),
+            notes="LlavaNextForConditionalGeneration: anyres crops; the image positions also hold image_newline rows"),
+    replace(LLAVA, name="llava_onevision", model_types=("llava_onevision",),
+            notes="LlavaOnevisionForConditionalGeneration: anyres crops and image_newline rows, like LLaVA-NeXT"),
+    replace(LLAVA, name="gemma3", model_types=("gemma3",),
+            notes="Gemma3ForConditionalGeneration: avg-pooled SigLIP, RMSNorm, then a projection matrix; the text "
+            "embeddings are scaled by sqrt(D) inside embed_tokens, the image features are not"),
+    replace(LLAVA, name="paligemma", model_types=("paligemma",), generated_token_type=1,
+            notes="PaliGemmaForConditionalGeneration: one linear projector; the image and the prefix attend "
+            "bidirectionally (token_type_ids 0), the generated suffix causally (1)"),
+    replace(LLAVA, name="mistral3", model_types=("mistral3",), vision_linear_names=PIXTRAL_LINEAR_NAMES,
+            notes="Mistral3ForConditionalGeneration: Pixtral vision tower; the projector's RMSNorm and 2x2 patch "
+            "merger come before its MLP; [IMG_BREAK]/[IMG_END] rows are text tokens"),
+    replace(LLAVA, name="internvl", model_types=("internvl",),
+            vision_linear_names=("q_proj", "k_proj", "v_proj", "projection_layer", "fc1", "fc2"),
+            notes="InternVLForConditionalGeneration: pixel shuffle (downsample_ratio) before the MLP projector; "
+            "<img>/</img> around the <IMG_CONTEXT> tokens"),
+    replace(LLAVA, name="ovis2", model_types=("ovis2",), projector="model.visual_embeddings_table",
+            vision_linear_names=("q_proj", "k_proj", "v_proj", "out_proj", "gate_proj", "up_proj", "down_proj"),
+            projector_input="visual_vocabulary",
+            notes="Ovis2ForConditionalGeneration: the vision tower's head gives a distribution over a visual "
+            "vocabulary; the embedding table maps it to the LLM (probabilistic visual tokens, paper RQ4); indicator "
+            "tokens (<IMG_START>...) take rows of the same table"),
+)
+
 # One entry per family. Order matters only for models matched by structure (an unknown model_type).
-FAMILIES: tuple[Family, ...] = (LLAVA_NORMALIGNED, LLAVA)
+FAMILIES: tuple[Family, ...] = (LLAVA_NORMALIGNED, LLAVA, *LLAVA_LIKE)
 
 
 def strip_wrappers(name: str) -> str:

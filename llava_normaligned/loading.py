@@ -518,6 +518,7 @@ def load_model(
     return_report: bool = False,
     for_training: bool = False,
     quant_type: str = "nf4",
+    processor_loader=None,
 ):
     """Return ``(model, processor)`` for a local folder or a Hub repo (and ``revision``); in eval mode unless
     ``for_training`` (see the module docstring for what else training changes).
@@ -535,6 +536,7 @@ def load_model(
     needs ``True`` (a warning asks to pin a commit hash for a Hub repo).
     A checkpoint that lacks weights the model needs is refused (they would be randomly initialised); the norm-aligned
     model's own ``from_pretrained`` allows only its projector norm to be missing (initialised to T/sqrt(D)).
+    ``processor_loader(name, **hub_kwargs)``, when given, loads the processor instead of ``AutoProcessor``.
     Raises ``SourceNotFound`` (a FileNotFoundError) for a name that is no folder and no reachable repo, ImportError
     without bitsandbytes, RuntimeError when the device cannot run the mode. Never falls back to full precision.
     """
@@ -581,7 +583,7 @@ def load_model(
     if mode == "8bit" and model.dtype != torch.float16:
         logging.getLogger("bitsandbytes.autograd._functions").addFilter(_INT8_NOTICE_FILTER)
     logger.info("loaded %s: %s", model_name_or_path, report.summary())
-    processor = AutoProcessor.from_pretrained(model_name_or_path, **hub_kwargs)
+    processor = (processor_loader or AutoProcessor.from_pretrained)(model_name_or_path, **hub_kwargs)
     if not for_training:
         model.eval()
     return (model, processor, report) if return_report else (model, processor)

@@ -221,19 +221,20 @@ def _image_token_id(config):
     return getattr(config, "image_token_index", None) if image_token_id is None else image_token_id
 
 
-def _make_batch(processor, config, chunk: list[Sample], max_new_tokens: int, prompts_path: str) -> Batch:
+def _make_batch(processor, config, chunk: list[Sample], max_new_tokens: int, prompts_path: str,
+                format=format_prompt, encode=_encode) -> Batch:
     from PIL import Image
 
     image_token_id = _image_token_id(config)
     prompts = [s.prompt for s in chunk]
     images = [open_image(s.image_path) for s in chunk]
     blanks = [Image.new("RGB", im.size, BLANK_RGB) for im in images]
-    with_image = [format_prompt(processor, p, True) for p in prompts]
-    without_image = [format_prompt(processor, p, False) for p in prompts]
-    inputs = _encode(processor, with_image, images)
+    with_image = [format(processor, p, True) for p in prompts]
+    without_image = [format(processor, p, False) for p in prompts]
+    inputs = encode(processor, with_image, images)
     _check_context(inputs, chunk, config, max_new_tokens, prompts_path)
-    blank_inputs = _encode(processor, with_image, blanks)
-    text_only = _encode(processor, without_image, None)
+    blank_inputs = encode(processor, with_image, blanks)
+    text_only = encode(processor, without_image, None)
     valid = inputs["attention_mask"].bool()
     image_mask = (inputs["input_ids"] == image_token_id) & valid
     if not image_mask.any(dim=-1).all():
@@ -260,16 +261,20 @@ def _make_batch(processor, config, chunk: list[Sample], max_new_tokens: int, pro
 
 
 def make_batches(
-    processor, config, samples: list[Sample], batch_size: int, max_new_tokens: int, prompts_path: str = "prompts"
+    processor, config, samples: list[Sample], batch_size: int, max_new_tokens: int, prompts_path: str = "prompts",
+    *, format=format_prompt, encode=_encode,
 ) -> list[Batch]:
     """Encode every sample with the model's processor (left padding, as generation appends on the right; the
-    tokenizer's own padding side is restored after), checking each fits the context."""
+    tokenizer's own padding side is restored after), checking each fits the context. ``format(processor, prompt,
+    with_image)`` writes a prompt as the model sees it and ``encode(processor, texts, images or None)`` makes the
+    model's inputs of them: a family whose prompts are not a chat turn (PaliGemma) passes its own."""
     tokenizer = processor.tokenizer
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
         return [
-            _make_batch(processor, config, samples[start : start + batch_size], max_new_tokens, prompts_path)
+            _make_batch(processor, config, samples[start : start + batch_size], max_new_tokens, prompts_path,
+                        format, encode)
             for start in range(0, len(samples), batch_size)
         ]
     finally:

@@ -32,13 +32,27 @@ def _device_dtype(model):
     return parameter.device, parameter.dtype
 
 
+PER_TOKEN_INPUTS = ("token_type_ids", "mm_token_type_ids")  # (B, S) like input_ids: cut and extended with them
+
+
+def _generated_token_type(model) -> int:
+    from llava_normaligned.anatomy import family_of
+
+    family = family_of(getattr(model, "config", None))
+    return family.generated_token_type if family is not None else 0
+
+
 def _model_inputs(model, inputs: dict, pixel_values=None, appended: torch.Tensor | None = None) -> dict:
     device, dtype = _device_dtype(model)
     input_ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    kwargs = {k: v.to(device) for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
     if appended is not None:  # (B, n) tokens appended on the right, all real
         input_ids = torch.cat([input_ids, appended], dim=1)
         mask = torch.cat([mask, torch.ones_like(appended, dtype=mask.dtype)], dim=1)
-    kwargs = {k: v.to(device) for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
+        for key in PER_TOKEN_INPUTS:  # the generated tokens' types (PaliGemma: its causal suffix)
+            if key in kwargs:
+                fill = torch.full_like(appended, _generated_token_type(model), dtype=kwargs[key].dtype)
+                kwargs[key] = torch.cat([kwargs[key], fill.to(device)], dim=1)
     if "pixel_values" in inputs:
         pixels = inputs["pixel_values"] if pixel_values is None else pixel_values
         kwargs["pixel_values"] = pixels.to(device, dtype)
@@ -94,6 +108,9 @@ def prefix_cache(model, inputs: dict, pixel_values=None):
     prefix = {k: v for k, v in inputs.items()}
     prefix["input_ids"] = inputs["input_ids"][:, :-1]
     prefix["attention_mask"] = inputs["attention_mask"][:, :-1]
+    for key in PER_TOKEN_INPUTS:
+        if key in prefix:
+            prefix[key] = inputs[key][:, :-1]
     return output_cache(run(model, prefix, pixel_values=pixel_values, use_cache=True, logits_to_keep=1))
 
 

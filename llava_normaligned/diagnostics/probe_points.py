@@ -28,6 +28,9 @@ class ProbePoints:
     embeddings: torch.Tensor  # (V, D) the LLM's input embedding table
     image_token_id: int
     vision_feature_select_strategy: str | None  # "default" drops the CLS token from the vision tower's output
+    base: nn.Module | None = None  # the base model: its input_ids say where the image tokens are
+    embed_scale: float = 1.0  # the factor embed_tokens multiplies its rows by (Gemma: sqrt(D))
+    family: object = None  # the anatomy.Family
 
     @property
     def num_layers(self) -> int:
@@ -58,4 +61,7 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
         embeddings=anatomy.input_embeddings.weight,
         image_token_id=int(anatomy.image_token_id),
         vision_feature_select_strategy=getattr(anatomy.config, "vision_feature_select_strategy", None),
+        base=anatomy.base,
+        embed_scale=float(getattr(anatomy.input_embeddings, "scalar_embed_scale", 1.0)),
+        family=anatomy.family,
     )

@@ -52,7 +52,8 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
     the remaining rows; ``T`` is the mean over those with norm > eps (paper §5.1), the target of the aligned norm,
     computed by the model's own ``text_embedding_norm_target`` (the function ``compose`` sets ``norm_target`` with).
     """
-    norms = embedding_row_norms(points.embeddings).cpu()  # (V,)
+    # Gemma's embed_tokens multiplies its rows by sqrt(D) (``embed_scale``): the text enters the LLM at scale * row
+    norms = embedding_row_norms(points.embeddings).cpu() * points.embed_scale  # (V,)
     kept = torch.ones_like(norms, dtype=torch.bool)
     if 0 <= points.image_token_id < norms.numel():
         kept[points.image_token_id] = False
@@ -62,6 +63,8 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
         target = text_embedding_norm_target(points.embeddings, eps, exclude_token_ids=(points.image_token_id,))
     except ValueError:  # every row is zero: T is undefined
         target = None
+    if target is not None:
+        target *= points.embed_scale
     order = rows.argsort(descending=True)[:top_k]
     top = []
     for rank, index in enumerate(order.tolist(), 1):
@@ -88,6 +91,7 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
         "eps": eps,
         "excluded_token_ids": [points.image_token_id],
         "hidden_size": int(points.embeddings.shape[-1]),
+        "embed_scale": points.embed_scale,
         "config_norm_target": config_target,
         "top_k": top,
     }

@@ -19,7 +19,7 @@ import torch
 
 from . import blog, passes, probes
 from .config import DiagnoseConfig, DiagnosticsError
-from .inputs import Batch, Sample, make_batches
+from .inputs import Batch, Sample
 from .probe_points import ProbePoints, locate
 from .taps import AttentionTap, ProjectorTap, ResidualTap, eager_attention
 from .theory import compare_rotation
@@ -46,6 +46,8 @@ def load(model_id: str, revision: str | None, config: DiagnoseConfig):
     missing package, not a vision-language model)."""
     from llava_normaligned.loading import load_config, load_model
 
+    from .inputs_llava_like import load_processor
+
     try:
         model_config = load_config(model_id, revision=revision, trust_remote_code=config.trust_remote_code)
     except (ValueError, OSError) as err:
@@ -62,7 +64,10 @@ def load(model_id: str, revision: str | None, config: DiagnoseConfig):
             device=config.device,
             dtype=config.dtype,
             trust_remote_code=config.trust_remote_code,
+            processor_loader=load_processor,  # a family whose processor needs torchvision gets one without it
         )
+    except DiagnosticsError:
+        raise
     except (ValueError, KeyError, OSError, RuntimeError, ImportError) as err:  # RuntimeError: a device it lacks
         raise DiagnosticsError(f"cannot load {model_id!r} as an image-text-to-text model: {err}") from err
 
@@ -273,8 +278,10 @@ def summarise(acc: Accumulators, text_norm: dict, samples: list[Sample]) -> dict
 def probe_model(model, processor, config: DiagnoseConfig, samples: list[Sample], model_id: str = "model",
                 revision=None, label: str = "model") -> dict:
     """Every probe on a model already in memory (as ``load_model`` returns it, in eval mode)."""
+    from .inputs_llava_like import batches_for
+
     points = locate(model, model_id)
-    batches = make_batches(
+    batches = batches_for(model.config)(
         processor, model.config, samples, config.batch_size, config.max_new_tokens, config.prompts or "prompts"
     )
     text_norm = probes.text_embedding_norm(points, processor.tokenizer, config.top_k)
