@@ -129,7 +129,10 @@ def build_gemma3(out: str):
                           image_token_index=tok.image_token_id)
     images = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
     processor = Gemma3Processor(images, tok, image_seq_length=4, chat_template=tok.chat_template)
-    return Gemma3ForConditionalGeneration(config), processor
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # Gemma3 initialises its projection matrix to zeros: no image would reach the LLM
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(std=0.1)
+    return model, processor
 
 
 def build_paligemma(out: str):
@@ -222,3 +225,246 @@ def save_family(name: str, out: str) -> str:
     else:
         processor.save_pretrained(out)
     return out
+
+
+# The parameters whose scaling by k scales every vector the connector writes at the image positions by k (the last
+# layer's weight and bias; LLaVA-NeXT/OneVision's newline row, written there too).
+OUTPUT_PARAMETERS = {
+    "llava_next": ("model.multi_modal_projector.linear_2", "model.image_newline"),
+    "llava_onevision": ("model.multi_modal_projector.linear_2", "model.image_newline"),
+    "gemma3": ("model.multi_modal_projector.mm_input_projection_weight",),
+    "paligemma": ("model.multi_modal_projector.linear",),
+    "mistral3": ("model.multi_modal_projector.linear_2",),
+    "internvl": ("model.multi_modal_projector.linear_2",),
+    "ovis2": ("model.visual_embeddings_table",),
+}
+NEEDS_OFFLINE_PROCESSOR = {"llava_onevision", "internvl", "mistral3"}  # their stock processors need torchvision
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {name: save_family(name, str(root / name)) for name in FAMILIES}
+
+
+def _config(**kwargs) -> DiagnoseConfig:
+    options = dict(model="in-memory", output_dir="unused", max_samples=2, batch_size=2, alphas=(1.0,),
+                   max_new_tokens=2, progress=False, plots=False)
+    return DiagnoseConfig(**{**options, **kwargs})
+
+
+def _samples(n: int = 2):
+    return pair_samples(list_images(default_images_dir()), load_prompts(default_prompts_file()), n)
+
+
+def _load(folder: str):
+    from llava_normaligned.diagnostics.runner import load
+
+    return load(folder, None, _config(model=folder))
+
+
+def _llm_input_norms_by_hook(model, batches) -> torch.Tensor:
+    """The norms of what the language model receives at the image-token positions, read by a hook of this test on
+    ``model.model.language_model`` over a plain forward of each batch."""
+    image_id = model.config.image_token_id
+    seen, ids = [], {}
+
+    def on_base(module, args, kwargs):
+        ids["now"] = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+
+    def on_llm(module, args, kwargs):
+        seen.append(kwargs["inputs_embeds"][ids["now"] == image_id].detach().float().norm(dim=-1))
+
+    handles = [model.model.register_forward_pre_hook(on_base, with_kwargs=True),
+               model.model.language_model.register_forward_pre_hook(on_llm, with_kwargs=True)]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                inputs = {k: v for k, v in batch.inputs.items()}
+                model(**inputs, logits_to_keep=1)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.cat(seen)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_vision_norm_at_the_llm_input_is_what_the_language_model_receives(name, family_dirs):
+    from llava_normaligned.anatomy import family_of
+    from llava_normaligned.diagnostics.inputs_llava_like import batches_for
+    from llava_normaligned.diagnostics.runner import probe_model
+
+    model, processor = _load(family_dirs[name])
+    assert family_of(model.config).name == name
+    assert type(model).__name__.lower().startswith(name.replace("_", ""))
+    config = _config()
+    report = probe_model(model, processor, config, _samples())
+    batches = batches_for(model.config)(processor, model.config, _samples(), 2, 2)
+    norms = _llm_input_norms_by_hook(model, batches)
+    llm_input = report["vision_norm"]["llm_input"]
+    assert llm_input["count"] == norms.numel() > 0
+    assert llm_input["mean"] == pytest.approx(float(norms.mean()), rel=1e-5)
+    assert report["vision_text_norm_ratio"] == pytest.approx(float(norms.mean()) / report["text_embedding_norm"]["T"],
+                                                             rel=1e-5)
+    # the residual stream's layer 0 at the image positions is the same input
+    assert report["layers"]["vision"]["norm"][0] == pytest.approx(float(norms.mean()), rel=1e-4)
+    assert len(report["layers"]["vision"]["norm"]) == len(model.model.language_model.layers) + 1
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_scaling_the_connector_output_by_k_scales_the_ratio_by_k(name, family_dirs):
+    from llava_normaligned.diagnostics.runner import probe_model
+
+    model, processor = _load(family_dirs[name])
+    before = probe_model(model, processor, _config(), _samples())
+    k = 3.0
+    with torch.no_grad():
+        for path in OUTPUT_PARAMETERS[name]:
+            target = model.get_submodule(path) if not path.endswith(("weight", "newline")) else None
+            tensors = list(target.parameters()) if target is not None else [model.get_parameter(path)]
+            for tensor in tensors:
+                tensor.mul_(k)
+    after = probe_model(model, processor, _config(), _samples())
+    assert after["vision_text_norm_ratio"] == pytest.approx(k * before["vision_text_norm_ratio"], rel=1e-4)
+    assert after["vision_norm"]["llm_input"]["mean"] == pytest.approx(
+        k * before["vision_norm"]["llm_input"]["mean"], rel=1e-4)
+    assert after["vision_norm"]["encoder_output"] == before["vision_norm"]["encoder_output"]
+    assert after["text_embedding_norm"]["T"] == before["text_embedding_norm"]["T"]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_cli_diagnoses_each_family_folder(name, family_dirs, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    rc = main([family_dirs[name], "--output-dir", out, "--max-samples", "2", "--batch-size", "2", "--max-new-tokens",
+               "2", "--alphas", "0.5", "--no-plots", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    with open(os.path.join(out, "diagnostics.json"), encoding="utf-8") as f:
+        document = json.load(f)
+    assert document["model_type"] == name
+    assert document["vision_text_norm_ratio"] > 0
+    sweep = document["alpha_sweep"]
+    assert sweep is not None
+    assert "vision/text norm ratio" in capsys.readouterr().out
+
+
+def test_the_processors_that_need_torchvision_are_built_without_it(family_dirs):
+    from transformers import AutoProcessor
+
+    from llava_normaligned.diagnostics.inputs_llava_like import load_processor
+
+    for name in sorted(NEEDS_OFFLINE_PROCESSOR):
+        try:
+            import torchvision  # noqa: F401
+        except ImportError:
+            with pytest.raises((ImportError, ValueError)):  # what a user of this machine meets
+                AutoProcessor.from_pretrained(family_dirs[name])
+        processor = load_processor(family_dirs[name])
+        assert processor.tokenizer.chat_template
+        assert not hasattr(processor, "video_processor")
+
+
+def _one_batch(name, family_dirs):
+    from llava_normaligned.diagnostics.inputs_llava_like import batches_for
+
+    model, processor = _load(family_dirs[name])
+    return model, processor, batches_for(model.config)(processor, model.config, _samples(1), 1, 2)[0]
+
+
+def test_paligemma_prompt_is_its_processors_prefix_and_generated_tokens_are_the_causal_suffix(family_dirs):
+    from llava_normaligned.diagnostics import passes
+    from llava_normaligned.diagnostics.inputs import open_image
+
+    model, processor, batch = _one_batch("paligemma", family_dirs)
+    sample = batch.samples[0]
+    stock = processor(text=[sample.prompt], images=[open_image(sample.image_path)], return_tensors="pt")
+    assert batch.inputs["input_ids"].tolist() == stock["input_ids"].tolist()  # <image> x N, BOS, prefix, "\n"
+    assert torch.equal(batch.inputs["pixel_values"], stock["pixel_values"])
+    assert batch.inputs["token_type_ids"].tolist() == stock["token_type_ids"].tolist()
+    assert not batch.inputs["token_type_ids"].any()  # image and prefix: one bidirectional block
+    image_run = batch.image_mask[0].nonzero()[:, 0]
+    assert image_run.tolist() == list(range(16)) and batch.text_rule == "prompt-span"
+    appended = torch.tensor([[5, 6]])
+    kwargs = passes._model_inputs(model, batch.inputs, appended=appended)
+    assert kwargs["token_type_ids"][0, -2:].tolist() == [1, 1]  # the generated suffix: causal
+    assert kwargs["token_type_ids"].shape == kwargs["input_ids"].shape
+
+
+def test_gemma3_image_block_and_scaled_text_embeddings(family_dirs):
+    from llava_normaligned.diagnostics import passes
+    from llava_normaligned.diagnostics.inputs import open_image
+    from llava_normaligned.diagnostics.runner import probe_model
+
+    model, processor, batch = _one_batch("gemma3", family_dirs)
+    tok = processor.tokenizer
+    ids = batch.inputs["input_ids"][0].tolist()
+    soft = [i for i, t in enumerate(ids) if t == tok.image_token_id]
+    assert len(soft) == 4 and ids[soft[0] - 1] == tok.boi_token_id and ids[soft[-1] + 1] == tok.eoi_token_id
+    assert batch.inputs["token_type_ids"][0, soft].tolist() == [1] * 4  # the soft tokens attend both ways
+    assert batch.inputs["token_type_ids"][0].sum() == 4
+    sample = batch.samples[0]
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                          "text": sample.prompt}]}], add_generation_prompt=True, tokenize=False)
+    stock = processor(text=[text], images=[[open_image(sample.image_path)]], return_tensors="pt",
+                      add_special_tokens=False)
+    assert ids == stock["input_ids"][0].tolist()
+    kwargs = passes._model_inputs(model, batch.inputs, appended=torch.tensor([[5, 6]]))
+    assert kwargs["token_type_ids"][0, -2:].tolist() == [0, 0]  # generated text
+    report = probe_model(model, processor, _config(), _samples())
+    weight = model.get_input_embeddings().weight.detach()
+    rows = torch.cat([weight[: tok.image_token_id], weight[tok.image_token_id + 1:]]).norm(dim=-1)
+    scale = model.config.text_config.hidden_size ** 0.5  # Gemma's embed_tokens multiplies its rows by sqrt(D)
+    assert report["text_embedding_norm"]["embed_scale"] == pytest.approx(scale)
+    assert report["text_embedding_norm"]["mean"] == pytest.approx(float(rows.mean()) * scale, rel=1e-5)
+
+
+def test_ovis2_visual_token_distribution_rq4(family_dirs):
+    """Ovis's vision tokens are p @ W: never longer than the rows they mix, as long as a row for a one-hot p."""
+    from llava_normaligned.diagnostics.runner import probe_model
+
+    model, processor = _load(family_dirs["ovis2"])
+    soft = probe_model(model, processor, _config(), _samples())
+    tokens = soft["visual_tokens"]
+    assert tokens["embedding_norm"]["mean"] == pytest.approx(soft["vision_norm"]["llm_input"]["mean"], rel=1e-5)
+    assert tokens["embedding_norm"]["count"] == soft["vision_norm"]["llm_input"]["count"]
+    assert tokens["visual_vocabulary_size"] == 64 - 5 and tokens["num_indicator_tokens"] == 5
+    assert 0 < tokens["entropy"]["max"] <= tokens["log_vocabulary"] + 1e-5
+    assert tokens["mixing_ratio"]["max"] <= 1 + 1e-5
+    assert tokens["mixing_ratio"]["mean"] < 0.9  # a random head gives soft distributions that average rows out
+    with torch.no_grad():  # logits x 1000: nearly one-hot distributions
+        model.model.vision_tower.head_norm.weight.mul_(1000.0)
+    sharp = probe_model(model, processor, _config(), _samples())["visual_tokens"]
+    assert sharp["max_prob"]["mean"] > 0.99 and sharp["entropy"]["mean"] < 0.05
+    assert sharp["mixing_ratio"]["mean"] > 0.99 and sharp["mixing_ratio"]["min"] > 0.95
+    assert sharp["embedding_norm"]["mean"] == pytest.approx(sharp["expected_row_norm"]["mean"], rel=1e-2)
+
+
+def test_a_family_that_cannot_be_probed_gets_one_line(family_dirs, tmp_path, capsys):
+    import shutil
+
+    from llava_normaligned.diagnostics import DiagnosticsError
+    from llava_normaligned.diagnostics.probe_points import locate
+
+    broken = str(tmp_path / "mistral3-without-image-processor")
+    shutil.copytree(family_dirs["mistral3"], broken)
+    os.remove(os.path.join(broken, "preprocessor_config.json"))
+    rc = main([broken, "--output-dir", str(tmp_path / "out"), "--no-plots", "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("llava-normaligned diagnose: error:")]
+    assert "Traceback" not in err and len(lines) == 1
+    err = lines[0]
+    assert "cannot probe" in err and "no processor for its images" in err and "mistral3" in err
+    assert not (tmp_path / "out").exists()
+    model, _ = _load(family_dirs["internvl"])
+    del model.model.multi_modal_projector
+    with pytest.raises(DiagnosticsError, match=r"no model\.multi_modal_projector") as caught:
+        locate(model, "internvl")
+    assert "\n" not in str(caught.value)

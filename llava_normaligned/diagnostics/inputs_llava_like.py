@@ -139,6 +139,10 @@ def mistral3(name: str, revision: str | None = None, trust_remote_code=None):
     return PixtralLayoutProcessor(image_processor, tokenizer, **kwargs)
 
 
+def _one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
 # model_type -> the family's processor, built without what needs torchvision
 PROCESSORS = {"llava_onevision": llava_onevision, "internvl": internvl, "mistral3": mistral3}
 
@@ -157,14 +161,13 @@ def load_processor(name: str, revision: str | None = None, trust_remote_code=Non
         build = PROCESSORS.get(model_type)
         if build is None:
             raise DiagnosticsError(
-                f"cannot probe {name!r}: its processor cannot be loaded ({type(error).__name__}: "
-                f"{str(error).strip().splitlines()[0]})"
+                f"cannot probe {name!r}: its processor cannot be loaded ({_one_line(error)})"
             ) from None
         try:
             return build(name, revision=revision, trust_remote_code=trust_remote_code)
         except (ImportError, ValueError, OSError, AttributeError, TypeError) as second:
             raise DiagnosticsError(
-                f"cannot probe {name!r}: no processor for its images ({model_type}: {second})"
+                f"cannot probe {name!r}: no processor for its images ({model_type}; {_one_line(second)})"
             ) from None
 
 

@@ -290,7 +290,12 @@ def probe_model(model, processor, config: DiagnoseConfig, samples: list[Sample],
     stage = bar.set_postfix_str if config.progress else (lambda name: None)
     for batch in bar:
         diagnose_batch(points, batch, config, acc, processor.tokenizer, stage)
-    return {**_model_facts(model_id, revision, points), **summarise(acc, text_norm, samples)}
+    extra = {}
+    if points.family is not None and points.family.projector_input == "visual_vocabulary":  # Ovis: paper RQ4
+        from .visual_vocabulary import measure
+
+        extra["visual_tokens"] = measure(points, batches, text_norm["T"])
+    return {**_model_facts(model_id, revision, points), **summarise(acc, text_norm, samples), **extra}
 
 
 def diagnose_model(config: DiagnoseConfig, model_id: str, revision, samples: list[Sample], label: str) -> dict:
