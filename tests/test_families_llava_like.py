@@ -62,8 +62,8 @@ def tiny_llama(vocab_size: int, **extra) -> dict:
 
 
 def tiny_qwen2(vocab_size: int) -> dict:
-    return dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    return {"model_type": "qwen2", "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024}
 
 
 def tiny_siglip(**extra) -> dict:
@@ -113,9 +113,9 @@ def build_llava_onevision(out: str):
 
 
 def tiny_gemma3_text(vocab_size: int) -> dict:
-    return dict(model_type="gemma3_text", vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                query_pre_attn_scalar=8, sliding_window=64, max_position_embeddings=1024)
+    return {"model_type": "gemma3_text", "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                "query_pre_attn_scalar": 8, "sliding_window": 64, "max_position_embeddings": 1024}
 
 
 def build_gemma3(out: str):
@@ -141,8 +141,8 @@ def build_paligemma(out: str):
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
     tok = tokenizer(["<image>"], {"image_token": "<image>"}, None)
-    text = dict(model_type="gemma", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024)
+    text = {"model_type": "gemma", "vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 1024}
     config = PaliGemmaConfig(vision_config=tiny_siglip(projection_dim=32), text_config=text, projection_dim=32,
                              hidden_size=32, image_token_index=tok.image_token_id, vocab_size=len(tok))
     images = SiglipImageProcessorPil(size={"height": 32, "width": 32})
@@ -157,10 +157,10 @@ def build_mistral3(out: str):
 
     named = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
     tok = tokenizer(list(named.values()), named, chat_template("[IMG]"))
-    vision = dict(model_type="pixtral", hidden_size=24, intermediate_size=48, num_hidden_layers=1,
-                  num_attention_heads=2, head_dim=12, image_size=32, patch_size=8)
-    text = dict(model_type="mistral", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024)
+    vision = {"model_type": "pixtral", "hidden_size": 24, "intermediate_size": 48, "num_hidden_layers": 1,
+                  "num_attention_heads": 2, "head_dim": 12, "image_size": 32, "patch_size": 8}
+    text = {"model_type": "mistral", "vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 1024}
     config = Mistral3Config(vision_config=vision, text_config=text, image_token_index=tok.image_token_id,
                             spatial_merge_size=2, vision_feature_layer=-1)
     images = PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size=8)
@@ -175,8 +175,8 @@ def build_internvl(out: str):
     named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
              "video_token": "<video>"}
     tok = tokenizer(list(named.values()), named, chat_template("<IMG_CONTEXT>"))
-    vision = dict(model_type="internvl_vision", hidden_size=24, intermediate_size=48, num_hidden_layers=1,
-                  num_attention_heads=2, image_size=32, patch_size=8)
+    vision = {"model_type": "internvl_vision", "hidden_size": 24, "intermediate_size": 48, "num_hidden_layers": 1,
+                  "num_attention_heads": 2, "image_size": 32, "patch_size": 8}
     config = InternVLConfig(vision_config=vision, text_config=tiny_qwen2(len(tok)),
                             image_token_id=tok.context_image_token_id, image_seq_length=4, downsample_ratio=0.5)
     images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
@@ -189,8 +189,8 @@ def build_ovis2(out: str):
 
     indicators = ["<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"]
     tok = tokenizer(["<image>", "<IMG_ATOM>", *indicators], {"image_token": "<image>"}, chat_template("<image>"))
-    vision = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=32,
-                  patch_size=8, hidden_stride=2, vocab_size=64, num_visual_indicator_tokens=5)
+    vision = {"hidden_size": 24, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 32,
+                  "patch_size": 8, "hidden_stride": 2, "vocab_size": 64, "num_visual_indicator_tokens": 5}
     config = Ovis2Config(vision_config=vision, text_config=tiny_qwen2(len(tok)), hidden_size=32, vocab_size=len(tok),
                          image_token_id=tok.convert_tokens_to_ids("<IMG_ATOM>"),
                          visual_indicator_token_ids=tok.convert_tokens_to_ids(indicators))
@@ -238,6 +238,9 @@ OUTPUT_PARAMETERS = {
     "internvl": ("model.multi_modal_projector.linear_2",),
     "ovis2": ("model.visual_embeddings_table",),
 }
+# how the prompt's own text tokens are found (docs/diagnostics.md, Families): by character span where the formatted
+# prompt re-encodes to the processor's ids with the image-token run in place; else every non-special token
+PROMPT_SPAN = {"llava_next", "llava_onevision", "paligemma"}
 NEEDS_OFFLINE_PROCESSOR = {"llava_onevision", "internvl", "mistral3"}  # their stock processors need torchvision
 
 
@@ -256,8 +259,8 @@ def family_dirs(tmp_path_factory):
 
 
 def _config(**kwargs) -> DiagnoseConfig:
-    options = dict(model="in-memory", output_dir="unused", max_samples=2, batch_size=2, alphas=(1.0,),
-                   max_new_tokens=2, progress=False, plots=False)
+    options = {"model": "in-memory", "output_dir": "unused", "max_samples": 2, "batch_size": 2, "alphas": (1.0,),
+                   "max_new_tokens": 2, "progress": False, "plots": False}
     return DiagnoseConfig(**{**options, **kwargs})
 
 
@@ -350,6 +353,7 @@ def test_the_cli_diagnoses_each_family_folder(name, family_dirs, tmp_path, capsy
         document = json.load(f)
     assert document["model_type"] == name
     assert document["vision_text_norm_ratio"] > 0
+    assert document["text_tokens"]["rule"] == ("prompt-span" if name in PROMPT_SPAN else "non-special")
     sweep = document["alpha_sweep"]
     assert sweep is not None
     assert "vision/text norm ratio" in capsys.readouterr().out
