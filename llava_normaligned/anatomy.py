@@ -12,7 +12,7 @@ bitsandbytes skip lists and PEFT targets use):
     part_of("base_model.model.model.vision_tower.encoder.layers.0.mlp.fc1.lora_A.default.weight")  # "vision_tower"
 
 Adding a family is adding one ``Family`` to ``FAMILIES``. A model whose ``model_type`` is in no entry is matched by
-structure: the first family whose required paths all resolve (LLaVA-NeXT and LLaVA-OneVision keep LLaVA's paths).
+structure: the first family whose required paths all resolve.
 When none fits, ``AnatomyError`` names what the closest family misses. (The model file keeps its own path to its
 norm, ``PROJECTOR_NORM_PATH``: remote code cannot import this package.)
 """

@@ -472,3 +472,30 @@ def test_a_family_that_cannot_be_probed_gets_one_line(family_dirs, tmp_path, cap
     with pytest.raises(DiagnosticsError, match=r"no model\.multi_modal_projector") as caught:
         locate(model, "internvl")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_entry_names_the_models_real_modules(name, family_dirs):
+    """The anatomy entry resolves on the real classes: parts, LoRA linear names, the bitsandbytes keep list."""
+    import re
+
+    from transformers import AutoModelForImageTextToText
+
+    from llava_normaligned.anatomy import anatomy_of
+
+    model = AutoModelForImageTextToText.from_pretrained(family_dirs[name])
+    anatomy = anatomy_of(model, require_image_token=True)
+    assert anatomy.family.name == name and anatomy.image_token_id == model.config.image_token_id
+    assert anatomy.decoder_layers is model.model.language_model.layers
+    family = anatomy.family
+    for path in family.keep_unquantized():
+        model.get_submodule(path)
+    linear = {n: type(m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for part, names in ((family.language_model, family.llm_linear_names), (family.vision_tower,
+                                                                            family.vision_linear_names)):
+        found = {n.rpartition(".")[2] for n in linear if n.startswith(part + ".")}
+        assert set(names) <= found, (part, set(names) - found)
+    pattern = re.compile(family.lora_targets(vision=True))
+    targets = [n for n in linear if pattern.fullmatch(n)]
+    assert any(family.part_of(n) == "llm" for n in targets) and any(family.part_of(n) == "vision_tower" for n in targets)
+    assert not any(family.part_of(n) == "projector" for n in targets)

@@ -1,8 +1,7 @@
 """Where a vision-language model is probed: vision tower -> projector (-> its norm) -> language model layers.
 
-The parts are found by ``llava_normaligned.anatomy`` (one table of model families; LLaVA-NeXT and LLaVA-OneVision
-keep LLaVA's paths and are matched by structure). A model without one of them cannot be probed, and ``locate`` says
-which part is missing.
+The parts are found by ``llava_normaligned.anatomy`` (one table of model families). A model without one of them
+cannot be probed, and ``locate`` says which part is missing.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - ``ProjectorTap``: per-token L2 norms of the vision tokens at each stage (vision tower output, projector input,
   projector MLP output, norm output, LLM input) and, for the blog's Experiment 1, the scale alpha applied to the
-  projector output before it is scattered into the LLM's input embeddings.
+  vision tokens of the LLM's input embeddings.
 - ``ResidualTap``: per-token statistics of the LLM's residual stream h_0 (input embeddings) ... h_L (decoder layer
   outputs, before the final norm), computed layer by layer so that no (L, B, S, D) stack is ever held.
 - ``AttentionTap``: hands each decoder layer's attention probabilities to a callback (eager attention only).
