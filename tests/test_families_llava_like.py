@@ -238,9 +238,6 @@ OUTPUT_PARAMETERS = {
     "internvl": ("model.multi_modal_projector.linear_2",),
     "ovis2": ("model.visual_embeddings_table",),
 }
-# how the prompt's own text tokens are found (docs/diagnostics.md, Families): by character span where the formatted
-# prompt re-encodes to the processor's ids with the image-token run in place; else every non-special token
-PROMPT_SPAN = {"llava_next", "llava_onevision", "paligemma"}
 NEEDS_OFFLINE_PROCESSOR = {"llava_onevision", "internvl", "mistral3"}  # their stock processors need torchvision
 
 
@@ -353,7 +350,7 @@ def test_the_cli_diagnoses_each_family_folder(name, family_dirs, tmp_path, capsy
         document = json.load(f)
     assert document["model_type"] == name
     assert document["vision_text_norm_ratio"] > 0
-    assert document["text_tokens"]["rule"] == ("prompt-span" if name in PROMPT_SPAN else "non-special")
+    assert document["text_tokens"]["rule"] == "prompt-span"
     sweep = document["alpha_sweep"]
     assert sweep is not None
     assert "vision/text norm ratio" in capsys.readouterr().out
@@ -499,3 +496,18 @@ def test_each_family_entry_names_the_models_real_modules(name, family_dirs):
     targets = [n for n in linear if pattern.fullmatch(n)]
     assert any(family.part_of(n) == "llm" for n in targets) and any(family.part_of(n) == "vision_tower" for n in targets)
     assert not any(family.part_of(n) == "projector" for n in targets)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_text_tokens_are_the_prompt_whatever_the_family_writes_around_the_image(name, family_dirs):
+    from llava_normaligned.diagnostics.inputs_llava_like import batches_for
+
+    model, processor = _load(family_dirs[name])
+    (batch,) = batches_for(model.config)(processor, model.config, _samples(2), 2, 2)
+    assert batch.text_rule == "prompt-span"
+    for b, sample in enumerate(batch.samples):
+        ids = batch.inputs["input_ids"][b]
+        assert processor.tokenizer.decode(ids[batch.text_mask[b]]).strip() == sample.prompt
+        assert processor.tokenizer.decode(batch.text_only["input_ids"][b][batch.text_only_mask[b]]).strip() == (
+            sample.prompt)
+        assert not (batch.text_mask[b] & batch.image_mask[b]).any()

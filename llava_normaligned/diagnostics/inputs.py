@@ -125,7 +125,10 @@ def _prompt_flags(tokenizer, text: str, prompt: str, row: list[int], image_token
                   add_special_tokens: bool) -> list[bool] | None:
     """For each token of ``row`` (the processor's ids of ``text``, padding removed): does it hold the prompt's text?
     ``text`` is re-encoded with offsets; its single image token stands for the run of image tokens the processor
-    expanded it to. None when the offsets are unavailable or the two encodings do not line up."""
+    expanded it to. A processor that writes other tokens around that run (Gemma3's ``<start_of_image>`` ...
+    ``<end_of_image>``, InternVL's ``<img>``, Pixtral's row breaks, Ovis's indicators) lines up by the common tail
+    instead: when every prompt token of the re-encoding lies in the tail that both encodings share, those are the
+    prompt's tokens in ``row``. None when the offsets are unavailable or the encodings do not line up."""
     start = text.rfind(prompt)
     if start < 0 or not prompt:
         return None
@@ -134,8 +137,16 @@ def _prompt_flags(tokenizer, text: str, prompt: str, row: list[int], image_token
         encoded = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     except (NotImplementedError, ValueError, TypeError):  # a slow tokenizer has no offsets
         return None
+    ids = list(encoded["input_ids"])
+    own = [token not in special and first < end and last > start  # overlaps the prompt's characters
+           for token, (first, last) in zip(ids, encoded["offset_mapping"])]
+    flags = _aligned_flags(ids, own, row, image_token_id)
+    return flags if flags is not None else _tail_flags(ids, own, row)
+
+
+def _aligned_flags(ids: list[int], own: list[bool], row: list[int], image_token_id) -> list[bool] | None:
     flags, i = [], 0
-    for token, (first, last) in zip(encoded["input_ids"], encoded["offset_mapping"]):
+    for token, is_prompt in zip(ids, own):
         if token == image_token_id:
             run = 0
             while i < len(row) and row[i] == image_token_id:
@@ -146,9 +157,18 @@ def _prompt_flags(tokenizer, text: str, prompt: str, row: list[int], image_token
             continue
         if i >= len(row) or row[i] != token:
             return None
-        flags.append(token not in special and first < end and last > start)  # overlaps the prompt's characters
+        flags.append(is_prompt)
         i += 1
     return flags if i == len(row) else None
+
+
+def _tail_flags(ids: list[int], own: list[bool], row: list[int]) -> list[bool] | None:
+    shared = 0
+    while shared < min(len(ids), len(row)) and ids[-1 - shared] == row[-1 - shared]:
+        shared += 1
+    if not shared or any(own[: len(ids) - shared]):
+        return None
+    return [False] * (len(row) - shared) + own[len(ids) - shared :]
 
 
 def prompt_text_mask(processor, texts: list[str], prompts: list[str], encoded: dict, image_token_id,
