@@ -271,33 +271,48 @@ def _load(folder: str):
     return load(folder, None, _config(model=folder))
 
 
-def _llm_input_norms_by_hook(model, batches) -> torch.Tensor:
+def _llm_input_norms_by_hook(model, batches) -> tuple[torch.Tensor, torch.Tensor]:
     """The norms of what the language model receives at the image-token positions, read by a hook of this test on
-    ``model.model.language_model`` over a plain forward of each batch."""
+    ``model.model.language_model`` over a plain forward of each batch: (every token's, each sample's mean)."""
     image_id = model.config.image_token_id
-    seen, ids = [], {}
+    tokens, samples, ids = [], [], {}
 
     def on_base(module, args, kwargs):
         ids["now"] = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
 
     def on_llm(module, args, kwargs):
-        seen.append(kwargs["inputs_embeds"][ids["now"] == image_id].detach().float().norm(dim=-1))
+        image = ids["now"] == image_id  # (B, S)
+        norms = kwargs["inputs_embeds"].detach().float().norm(dim=-1)  # (B, S)
+        tokens.append(norms[image])
+        samples.extend(float(row[mask].mean()) for row, mask in zip(norms, image))
 
     handles = [model.model.register_forward_pre_hook(on_base, with_kwargs=True),
                model.model.language_model.register_forward_pre_hook(on_llm, with_kwargs=True)]
     try:
         with torch.no_grad():
             for batch in batches:
-                inputs = {k: v for k, v in batch.inputs.items()}
-                model(**inputs, logits_to_keep=1)
+                model(**batch.inputs, logits_to_keep=1)
     finally:
         for handle in handles:
             handle.remove()
-    return torch.cat(seen)
+    return torch.cat(tokens), torch.tensor(samples)
+
+
+@pytest.fixture(scope="module")
+def odd_images(tmp_path_factory):
+    """Images of three sizes and shapes, so that one batch holds different crops, tiles and row counts."""
+    from PIL import Image, ImageDraw
+
+    folder = tmp_path_factory.mktemp("odd_images")
+    for i, (width, height) in enumerate([(90, 40), (40, 100), (64, 48)]):
+        image = Image.new("RGB", (width, height), (200, 60 * i, 40))
+        ImageDraw.Draw(image).ellipse((5, 5, width - 5, height - 5), fill=(10, 200, 10))
+        image.save(folder / f"{i}.png")
+    return pair_samples(list_images(str(folder)), load_prompts(default_prompts_file()), 3)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_the_vision_norm_at_the_llm_input_is_what_the_language_model_receives(name, family_dirs):
+def test_the_vision_norm_at_the_llm_input_is_what_the_language_model_receives(name, family_dirs, odd_images):
     from llava_normaligned.anatomy import family_of
     from llava_normaligned.diagnostics.inputs_llava_like import batches_for
     from llava_normaligned.diagnostics.runner import probe_model
@@ -305,17 +320,18 @@ def test_the_vision_norm_at_the_llm_input_is_what_the_language_model_receives(na
     model, processor = _load(family_dirs[name])
     assert family_of(model.config).name == name
     assert type(model).__name__.lower().startswith(name.replace("_", ""))
-    config = _config()
-    report = probe_model(model, processor, config, _samples())
-    batches = batches_for(model.config)(processor, model.config, _samples(), 2, 2)
-    norms = _llm_input_norms_by_hook(model, batches)
+    config = _config(max_samples=3)
+    report = probe_model(model, processor, config, odd_images)  # a batch of 2 images of other sizes, then 1
+    batches = batches_for(model.config)(processor, model.config, odd_images, 2, 2)
+    norms, per_sample = _llm_input_norms_by_hook(model, batches)
     llm_input = report["vision_norm"]["llm_input"]
     assert llm_input["count"] == norms.numel() > 0
     assert llm_input["mean"] == pytest.approx(float(norms.mean()), rel=1e-5)
     assert report["vision_text_norm_ratio"] == pytest.approx(float(norms.mean()) / report["text_embedding_norm"]["T"],
                                                              rel=1e-5)
-    # the residual stream's layer 0 at the image positions is the same input
-    assert report["layers"]["vision"]["norm"][0] == pytest.approx(float(norms.mean()), rel=1e-4)
+    # the residual stream's layer 0 at the image positions is the same input (layer statistics weigh each sample
+    # the same: the mean over a sample's image tokens, then over samples)
+    assert report["layers"]["vision"]["norm"][0] == pytest.approx(float(per_sample.mean()), rel=1e-4)
     assert len(report["layers"]["vision"]["norm"]) == len(model.model.language_model.layers) + 1
 
 
