@@ -216,12 +216,15 @@ def save_family(name: str, out: str) -> str:
     torch.manual_seed(0)
     model, processor = FAMILIES[name](out)
     model.save_pretrained(out)
-    if isinstance(processor, tuple):
+    if isinstance(processor, tuple):  # the chat template in chat_template.json, as these checkpoints hold it
         processor_class, images, tok, kwargs = processor
+        template, tok.chat_template = tok.chat_template, None
         images.save_pretrained(out)
         tok.save_pretrained(out)
-        with open(os.path.join(out, "processor_config.json"), "w", encoding="utf-8") as f:
-            json.dump({"processor_class": processor_class, **kwargs}, f)
+        for filename, content in (("processor_config.json", {"processor_class": processor_class, **kwargs}),
+                                  ("chat_template.json", {"chat_template": template})):
+            with open(os.path.join(out, filename), "w", encoding="utf-8") as f:
+                json.dump(content, f)
     else:
         processor.save_pretrained(out)
     return out
@@ -384,7 +387,8 @@ def test_the_processors_that_need_torchvision_are_built_without_it(family_dirs):
             with pytest.raises((ImportError, ValueError)):  # what a user of this machine meets
                 AutoProcessor.from_pretrained(family_dirs[name])
         processor = load_processor(family_dirs[name])
-        assert processor.tokenizer.chat_template
+        assert not processor.tokenizer.chat_template  # the folder's chat_template.json is the one used
+        assert "<|im_start|>" in processor.chat_template
         assert not hasattr(processor, "video_processor")
 
 

@@ -29,11 +29,12 @@ from .config import DiagnosticsError
 from .inputs import has_chat_template, make_batches
 
 
-def _read_json(name: str, filename: str, revision: str | None) -> dict:
+def _read(name: str, filename: str, revision: str | None) -> str | None:
+    """The text of ``filename`` in a folder or Hub repo; None when it has none."""
     if os.path.isdir(name):
         path = os.path.join(name, filename)
         if not os.path.isfile(path):
-            return {}
+            return None
     else:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import EntryNotFoundError
@@ -41,9 +42,23 @@ def _read_json(name: str, filename: str, revision: str | None) -> dict:
         try:
             path = hf_hub_download(name, filename, revision=revision)
         except EntryNotFoundError:
-            return {}
+            return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        return f.read()
+
+
+def _read_json(name: str, filename: str, revision: str | None) -> dict:
+    text = _read(name, filename, revision)
+    return json.loads(text) if text else {}
+
+
+def _chat_template(name: str, revision: str | None, tokenizer) -> str | None:
+    """The processor's chat template (``chat_template.jinja``, or ``chat_template.json`` as older checkpoints hold
+    it), else the tokenizer's."""
+    template = _read(name, "chat_template.jinja", revision)
+    if template is None:
+        template = _read_json(name, "chat_template.json", revision).get("chat_template")
+    return template or tokenizer.chat_template
 
 
 def _parts(name: str, revision: str | None, trust_remote_code):
@@ -52,11 +67,11 @@ def _parts(name: str, revision: str | None, trust_remote_code):
 
     options = {"revision": revision, "trust_remote_code": trust_remote_code}
     kwargs = _read_json(name, "processor_config.json", revision)
-    kwargs.pop("processor_class", None)
-    kwargs.pop("auto_map", None)
-    for key in ("image_processor", "tokenizer", "video_processor"):  # sub-configs saved inline by transformers 5
-        kwargs.pop(key, None)
-    return AutoImageProcessor.from_pretrained(name, **options), AutoTokenizer.from_pretrained(name, **options), kwargs
+    for key in ("processor_class", "auto_map", "image_processor", "tokenizer", "video_processor", "chat_template"):
+        kwargs.pop(key, None)  # not arguments (transformers 5 saves the sub-processors' configs inline)
+    tokenizer = AutoTokenizer.from_pretrained(name, **options)
+    kwargs["chat_template"] = _chat_template(name, revision, tokenizer)
+    return AutoImageProcessor.from_pretrained(name, **options), tokenizer, kwargs
 
 
 def without_video(processor_class):
@@ -74,8 +89,7 @@ def without_video(processor_class):
 def _images_only(processor_class):
     def load(name: str, revision: str | None = None, trust_remote_code=None):
         image_processor, tokenizer, kwargs = _parts(name, revision, trust_remote_code)
-        cls = without_video(processor_class())
-        return cls(image_processor, tokenizer, chat_template=tokenizer.chat_template, **kwargs)
+        return without_video(processor_class())(image_processor, tokenizer, **kwargs)
 
     return load
 
