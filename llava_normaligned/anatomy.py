@@ -40,7 +40,9 @@ class Family:
     """The module paths of one VLM family, relative to the model with its LM head (``...ForConditionalGeneration``).
 
     ``projector_norm`` is relative to the projector and optional (stock LLaVA has none); every other part is
-    required. ``base`` is the base model (the one TRL's trainer calls directly)."""
+    required. ``base`` is the base model (the one TRL's trainer calls directly). ``projector_input`` and
+    ``generated_token_type`` describe what a few families do differently (Ovis, PaliGemma); their defaults are
+    LLaVA's."""
 
     name: str
     model_types: tuple[str, ...]
@@ -377,6 +379,7 @@ def vision_dtype(model: nn.Module) -> torch.dtype:
 __all__ = [
     "FAMILIES",
     "LLAVA",
+    "LLAVA_LIKE",
     "LLAVA_NORMALIGNED",
     "PARTS",
     "Anatomy",
