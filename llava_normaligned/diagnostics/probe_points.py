@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llava_normaligned.anatomy import AnatomyError, anatomy_of
+from llava_normaligned.anatomy import AnatomyError, Family, anatomy_of
 
 from .config import DiagnosticsError
 
@@ -29,7 +29,7 @@ class ProbePoints:
     vision_feature_select_strategy: str | None  # "default" drops the CLS token from the vision tower's output
     base: nn.Module | None = None  # the base model: its input_ids say where the image tokens are
     embed_scale: float = 1.0  # the factor embed_tokens multiplies its rows by (Gemma: sqrt(D))
-    family: object = None  # the anatomy.Family
+    family: Family | None = None  # its entry in the anatomy table
 
     @property
     def num_layers(self) -> int:
