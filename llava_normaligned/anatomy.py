@@ -14,9 +14,10 @@ bitsandbytes skip lists and PEFT targets use):
 Adding a family is adding one ``Family`` to ``FAMILIES``. A projector may live inside the vision tower (Qwen's
 ``model.visual.merger``): its parameters then belong to the projector, not to the tower (the most specific path wins),
 and the tower's LoRA targets leave it out. Optional fields describe what else a family does: connectors besides the
-projector (Qwen3-VL's deepstack mergers), placeholder tokens besides the image token, M-RoPE positions, and deepstack
-features added inside the LLM (``Deepstack``). A model whose ``model_type`` is in no entry is matched by
-structure: the first family whose required paths all resolve (LLaVA-NeXT and LLaVA-OneVision keep LLaVA's paths).
+projector (Qwen3-VL's deepstack mergers), placeholder tokens besides the image token, M-RoPE positions, deepstack
+features added inside the LLM (``Deepstack``), a projector fed a distribution over a visual vocabulary (Ovis) and the
+token type of generated tokens (PaliGemma). A model whose ``model_type`` is in no entry is matched by structure: the
+first family whose required paths all resolve.
 When none fits, ``AnatomyError`` names what the closest family misses. (The model file keeps its own path to its
 norm, ``PROJECTOR_NORM_PATH``: remote code cannot import this package.)
 """
@@ -69,7 +70,9 @@ class Family:
     """The module paths of one VLM family, relative to the model with its LM head (``...ForConditionalGeneration``).
 
     ``projector_norm`` is relative to the projector and optional (stock LLaVA has none); every other part is
-    required. ``base`` is the base model (the one TRL's trainer calls directly)."""
+    required. ``base`` is the base model (the one TRL's trainer calls directly). ``projector_input`` and
+    ``generated_token_type`` describe what a few families do differently (Ovis, PaliGemma); their defaults are
+    LLaVA's."""
 
     name: str
     model_types: tuple[str, ...]
@@ -96,6 +99,12 @@ class Family:
     deepstack: Deepstack | None = None
     # where the image tokens enter the LLM, in words (docs/diagnostics.md's families table)
     image_tokens: str = "the image token is expanded to one position per projected vision token"
+    # What the projector maps: "features" (an MLP or linear map of vision features), or "visual_vocabulary" (Ovis:
+    # an embedding table applied to a probability distribution over a visual vocabulary, paper RQ4).
+    projector_input: str = "features"
+    # token_type_ids of the tokens a model generates after its prompt, where its forward takes them (PaliGemma: 1,
+    # the causal suffix after the bidirectional prefix; Gemma3: 0, text)
+    generated_token_type: int = 0
 
     # ----------------------------------------------------------------------------------------- module paths
     @property
@@ -114,12 +123,14 @@ class Family:
         return tuple(p for p in self.part_prefixes["projector"] if p.startswith(self.vision_tower + "."))
 
     def placeholder_token_ids(self, config) -> list[int]:
-        """The ids of the image token and the family's other placeholder tokens found in ``config``."""
+        """The ids of the image token and the family's other placeholder tokens found in ``config`` (a key may hold
+        one id or a list, as Ovis2's ``visual_indicator_token_ids``)."""
         ids = []
         for key in (*self.image_token_keys, *self.placeholder_token_keys):
             value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
-                ids.append(value)
+            for one in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(one, int) and not isinstance(one, bool) and one not in ids:
+                    ids.append(one)
         return ids
 
     @property
@@ -239,6 +250,46 @@ IDEFICS3 = Family(name="idefics3", model_types=("idefics3",),
 SMOLVLM = Family(name="smolvlm", model_types=("smolvlm",),
                  notes="transformers' SmolVLMForConditionalGeneration (SmolVLM, SmolVLM2)", **_IDEFICS3)
 
+# transformers 5's LLaVA-like families: the image features are scattered into the LLM's input embeddings at the
+# image-token positions, after the projector (and, for LLaVA-NeXT/OneVision, the unpadding and newline rows).
+PIXTRAL_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LLAVA_LIKE: tuple[Family, ...] = (
+    replace(LLAVA, name="llava_next", model_types=("llava_next",),
+            image_tokens="<image> x (anyres crops, unpadded) with image_newline rows; read at inputs_embeds",
+            notes="LlavaNextForConditionalGeneration: anyres crops; the image positions also hold image_newline rows"),
+    replace(LLAVA, name="llava_onevision", model_types=("llava_onevision",),
+            placeholder_token_keys=("video_token_index",),
+            image_tokens="as LLaVA-NeXT: <image> x (anyres crops, unpadded) with image_newline rows",
+            notes="LlavaOnevisionForConditionalGeneration: anyres crops and image_newline rows, like LLaVA-NeXT"),
+    replace(LLAVA, name="gemma3", model_types=("gemma3",),
+            placeholder_token_keys=("boi_token_index", "eoi_token_index"),
+            image_tokens="<start_of_image> <image_soft_token> x mm_tokens_per_image <end_of_image>; token_type_ids "
+            "1 on the soft tokens",
+            notes="Gemma3ForConditionalGeneration: avg-pooled SigLIP, RMSNorm, then a projection matrix; the text "
+            "embeddings are scaled by sqrt(D) inside embed_tokens, the image features are not"),
+    replace(LLAVA, name="paligemma", model_types=("paligemma",), generated_token_type=1,
+            image_tokens="<image> x image_seq_length, BOS, the prefix, a newline (no chat turn); token_type_ids",
+            notes="PaliGemmaForConditionalGeneration: one linear projector; the image and the prefix attend "
+            "bidirectionally (token_type_ids 0), the generated suffix causally (1)"),
+    replace(LLAVA, name="mistral3", model_types=("mistral3",), vision_linear_names=PIXTRAL_LINEAR_NAMES,
+            image_tokens="rows of [IMG] (one per merged patch), each row ending in [IMG_BREAK], the last in [IMG_END]",
+            notes="Mistral3ForConditionalGeneration: Pixtral vision tower; the projector's RMSNorm and 2x2 patch "
+            "merger come before its MLP; [IMG_BREAK]/[IMG_END] rows are text tokens"),
+    replace(LLAVA, name="internvl", model_types=("internvl",),
+            vision_linear_names=("q_proj", "k_proj", "v_proj", "projection_layer", "fc1", "fc2"),
+            image_tokens="<img> <IMG_CONTEXT> x (tiles x image_seq_length) </img>",
+            notes="InternVLForConditionalGeneration: pixel shuffle (downsample_ratio) before the MLP projector; "
+            "<img>/</img> around the <IMG_CONTEXT> tokens"),
+    replace(LLAVA, name="ovis2", model_types=("ovis2",), projector="model.visual_embeddings_table",
+            vision_linear_names=("q_proj", "k_proj", "v_proj", "out_proj", "gate_proj", "up_proj", "down_proj"),
+            projector_input="visual_vocabulary", placeholder_token_keys=("visual_indicator_token_ids",),
+            image_tokens="<IMG_START> <IMG_ATOM> x tokens per grid <IMG_GRID> ... <IMG_END>; atoms and indicators take "
+            "rows of the visual embedding table",
+            notes="Ovis2ForConditionalGeneration: the vision tower's head gives a distribution over a visual "
+            "vocabulary; the embedding table maps it to the LLM (probabilistic visual tokens, paper RQ4); indicator "
+            "tokens (<IMG_START>...) take rows of the same table"),
+)
+
 # One entry per family. Order matters only for models matched by structure (an unknown model_type).
 FAMILIES: tuple[Family, ...] = (
     LLAVA_NORMALIGNED,
@@ -248,6 +299,7 @@ FAMILIES: tuple[Family, ...] = (
     QWEN3_VL,
     IDEFICS3,
     SMOLVLM,
+    *LLAVA_LIKE,
 )
 
 
@@ -464,6 +516,7 @@ def vision_dtype(model: nn.Module) -> torch.dtype:
 __all__ = [
     "FAMILIES",
     "LLAVA",
+    "LLAVA_LIKE",
     "LLAVA_NORMALIGNED",
     "PARTS",
     "Anatomy",

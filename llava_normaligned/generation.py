@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from .anatomy import vision_dtype
+from .anatomy import family_of, vision_dtype
 
 ImageLike = Image.Image | str | os.PathLike
 
@@ -163,17 +163,25 @@ PLACEHOLDER_TOKEN_ATTRIBUTES = (  # on the processor or its tokenizer, each a to
 PLACEHOLDER_TOKEN_PATTERN = re.compile(  # added tokens matched by name
     r"^(<row_\d+_col_\d+>|<fake_token_around_image>|<global-img>"  # Idefics3 / SmolVLM tiles
     r"|<\|(image|video|vision)_(pad|start|end)\|>"  # Qwen-VL
+    r"|<start_of_image>|<end_of_image>|<image_soft_token>"  # Gemma3
+    r"|\[IMG\]|\[IMG_BREAK\]|\[IMG_END\]"  # Mistral3 (Pixtral)
+    r"|<IMG_CONTEXT>|<img>|</img>"  # InternVL
+    r"|<IMG_(START|ATOM|GRID|COL|ROW|END)>"  # Ovis2's visual atoms and indicator tokens
     r"|<image>|<video>)$"
 )
 
 
 def placeholder_token_ids(model, processor) -> list[int]:
     """Ids decoding must never emit: image and video placeholders, vision start/end markers, Idefics3/SmolVLM's
-    tile tokens, read from the model's config, the processor, and the tokenizer's added tokens. ``generate``,
-    ``eval`` and ``diagnose`` all suppress exactly these."""
+    tile tokens, Gemma3's start/end of image, Pixtral's row break and end, InternVL's ``<img>``/``</img>``, Ovis2's
+    indicator tokens; read from the model's config (and its family's ``anatomy.Family.placeholder_token_ids``), the
+    processor, and the tokenizer's added tokens. ``generate``, ``eval`` and ``diagnose`` all suppress exactly these."""
     config = getattr(model, "config", None)
     tokenizer = getattr(processor, "tokenizer", processor)
     ids = {getattr(config, key, None) for key in PLACEHOLDER_CONFIG_KEYS}
+    family = family_of(config) if config is not None else None
+    if family is not None:
+        ids.update(family.placeholder_token_ids(config))
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else None
     eos = set(_as_list(getattr(tokenizer, "eos_token_id", None))) | set(
         _as_list(getattr(getattr(model, "generation_config", None), "eos_token_id", None))

@@ -535,6 +535,8 @@ def load_model(
     needs ``True`` (a warning asks to pin a commit hash for a Hub repo).
     A checkpoint that lacks weights the model needs is refused (they would be randomly initialised); the norm-aligned
     model's own ``from_pretrained`` allows only its projector norm to be missing (initialised to T/sqrt(D)).
+    The processor is the family's (``diagnostics.family_inputs.load_processor``: AutoProcessor, or a builder that
+    needs no torchvision).
     Raises ``SourceNotFound`` (a FileNotFoundError) for a name that is no folder and no reachable repo, ImportError
     without bitsandbytes, RuntimeError when the device cannot run the mode. Never falls back to full precision.
     """

@@ -7,10 +7,17 @@ family's parts: the folder's tokenizer, its image processor (the PIL one when th
 ``AutoImageProcessor`` picks it), its chat template, and the family's placeholder expansion. It is called like a
 transformers processor and returns what the model's forward takes.
 
+Others (LLaVA-OneVision, InternVL, Mistral3) load with ``AutoProcessor`` where torchvision is
+installed and are built without it otherwise: their builders are registered with ``auto_first=True``. A family whose
+prompt is not a chat turn, or whose processor wants its images grouped per prompt, registers its own
+``make_batches`` (PaliGemma, Gemma3).
+
     processor = load_processor("path/or/org/name", config)        # AutoProcessor, or the family's builder
+    batches = batches_for(config)(processor, config, samples, batch_size, max_new_tokens)
     BUILDERS["qwen2_vl"]                                           # a family's builder, by ``Family.name``
 
-A builder is ``builder(model_id, config, **hub_kwargs) -> processor``; adding one is ``@register("family_name")``.
+A builder is ``builder(model_id, config, **hub_kwargs) -> processor``; adding one is ``@register("family_name")``;
+a batch builder has ``inputs.make_batches``' signature and is added with ``@register_batches("family_name")``.
 """
 
 from __future__ import annotations
@@ -18,29 +25,79 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import torch
+
 from llava_normaligned.anatomy import family_of
 
-BUILDERS: dict[str, Callable] = {}
+from .inputs import has_chat_template, make_batches
+
+BUILDERS: dict[str, Callable] = {}  # Family.name -> its processor builder
+AUTO_FIRST: set[str] = set()  # families whose builder is used only when AutoProcessor cannot load the folder
+BATCHES: dict[str, Callable] = {}  # Family.name -> its make_batches, where the generic one does not fit
+
+# what a processor that cannot be built raises (a missing package, file or attribute; a bad argument)
+LOAD_ERRORS = (ImportError, ValueError, OSError, AttributeError, TypeError)
 
 
-def register(*family_names: str):
+class ProcessorUnavailable(ValueError):
+    """No processor can be built for a model's images (``AutoProcessor`` failed, and so did the family's builder)."""
+
+
+def register(*family_names: str, auto_first: bool = False):
     def add(builder):
         for name in family_names:
             BUILDERS[name] = builder
+            if auto_first:
+                AUTO_FIRST.add(name)
         return builder
 
     return add
 
 
+def register_batches(*family_names: str):
+    def add(make):
+        for name in family_names:
+            BATCHES[name] = make
+        return make
+
+    return add
+
+
+def _one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
 def load_processor(model_id: str, config, *, revision: str | None = None, trust_remote_code=None):
-    """The processor of ``model_id``: its family's builder when it has one, else ``AutoProcessor``'s."""
+    """The processor of ``model_id``: its family's builder when it has one, else ``AutoProcessor``'s. A family
+    registered ``auto_first`` tries ``AutoProcessor`` first; when both fail, ``ProcessorUnavailable`` says why."""
     family = family_of(config)
-    builder = BUILDERS.get(family.name) if family is not None else None
-    if builder is None:
+    name = family.name if family is not None else None
+    builder = BUILDERS.get(name)
+    hub_kwargs = dict(revision=revision, trust_remote_code=trust_remote_code)
+    if builder is None or name in AUTO_FIRST:
         from transformers import AutoProcessor
 
-        return AutoProcessor.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
-    return builder(model_id, config, revision=revision, trust_remote_code=trust_remote_code)
+        try:
+            return AutoProcessor.from_pretrained(model_id, **hub_kwargs)
+        except LOAD_ERRORS as error:
+            if builder is None:
+                raise
+            first = error
+    if name not in AUTO_FIRST:
+        return builder(model_id, config, **hub_kwargs)
+    try:
+        return builder(model_id, config, **hub_kwargs)
+    except LOAD_ERRORS as error:
+        raise ProcessorUnavailable(
+            f"{model_id!r} has no processor for its images ({name}; AutoProcessor: {_one_line(first)}; built "
+            f"without torchvision: {_one_line(error)})"
+        ) from None
+
+
+def batches_for(config) -> Callable:
+    """The ``make_batches`` of ``config``'s family: its own when it registered one, else ``inputs.make_batches``."""
+    family = family_of(config)
+    return BATCHES.get(family.name, make_batches) if family is not None else make_batches
 
 
 # ----------------------------------------------------------------------------------------------- the processor
@@ -105,18 +162,30 @@ def _check_counts(texts: list[str], placeholder: str, per_text: list[int]):
 # ------------------------------------------------------------------------------------------------- the parts
 
 
-def _chat_template(model_id: str, tokenizer, hub_kwargs: dict) -> str | None:
-    """The processor's chat template (``chat_template.jinja`` or ``chat_template.json``), else the tokenizer's."""
+def read_file(model_id: str, filename: str, revision: str | None = None) -> str | None:
+    """The text of ``filename`` in a folder or Hub repo; None when it has none."""
     from transformers.utils import cached_file
 
-    for name in ("chat_template.jinja", "chat_template.json"):
-        path = cached_file(model_id, name, revision=hub_kwargs.get("revision"),
-                           _raise_exceptions_for_missing_entries=False,
-                           _raise_exceptions_for_connection_errors=False)
-        if path:
-            with open(path, encoding="utf-8") as f:
-                return f.read() if name.endswith(".jinja") else json.load(f)["chat_template"]
-    return getattr(tokenizer, "chat_template", None)
+    path = cached_file(model_id, filename, revision=revision, _raise_exceptions_for_missing_entries=False,
+                       _raise_exceptions_for_connection_errors=False)
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def read_json(model_id: str, filename: str, revision: str | None = None) -> dict:
+    text = read_file(model_id, filename, revision)
+    return json.loads(text) if text else {}
+
+
+def chat_template(model_id: str, tokenizer, revision: str | None = None) -> str | None:
+    """The processor's chat template (``chat_template.jinja``, or ``chat_template.json`` as older checkpoints hold
+    it), else the tokenizer's."""
+    template = read_file(model_id, "chat_template.jinja", revision)
+    if template is None:
+        template = read_json(model_id, "chat_template.json", revision).get("chat_template")
+    return template or getattr(tokenizer, "chat_template", None)
 
 
 def _checked(processor: ExpandingProcessor, config, model_id: str) -> ExpandingProcessor:
@@ -142,7 +211,7 @@ def _parts(model_id: str, hub_kwargs: dict):
         image_processor = AutoImageProcessor.from_pretrained(model_id, **hub_kwargs)
     finally:
         logger.setLevel(level)
-    return tokenizer, image_processor, _chat_template(model_id, tokenizer, hub_kwargs)
+    return tokenizer, image_processor, chat_template(model_id, tokenizer, hub_kwargs.get("revision"))
 
 
 # ------------------------------------------------------------------------------------------- Qwen2/2.5/3-VL
@@ -222,4 +291,163 @@ def build_idefics3(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
     return _checked(processor, config, model_id)
 
 
-__all__ = ["BUILDERS", "ExpandingProcessor", "build_idefics3", "build_qwen_vl", "load_processor", "register"]
+# ------------------------------------------------------------------------------- the LLaVA-like families
+#
+# AutoProcessor cannot load every family's folder without torchvision: LLaVA-OneVision's and InternVL's processors
+# build a video processor, which needs it, and Pixtral's processor (Mistral3) imports it. Their images need none of
+# it, so their builders (``auto_first``: used when AutoProcessor fails) are
+# - LLaVA-OneVision, InternVL: transformers' own processor class without its video part, so that the placeholder
+#   expansion (anyres unpadding and newline rows; ``<img>`` + ``<IMG_CONTEXT>`` x tiles x 256 + ``</img>``) is
+#   transformers' code, run on the folder's image processor and tokenizer;
+# - Mistral3: a Pixtral-layout processor written here (its module imports torchvision): each image becomes rows of
+#   ``[IMG]`` tokens, one per merged patch, each row ending in ``[IMG_BREAK]``, the last in ``[IMG_END]``.
+# Their batch builders (``register_batches``) are for a family whose prompt differs from a chat turn: PaliGemma's
+# prompt is ``<image> x N + BOS + prefix + "\n"`` (its processor's layout), its image and prefix attend
+# bidirectionally (``token_type_ids`` 0) and what it generates is the causal suffix (1,
+# ``anatomy.Family.generated_token_type``); Gemma3's processor takes one list of images per prompt.
+
+
+def _saved_parts(name: str, revision: str | None, trust_remote_code):
+    """(image processor, tokenizer, the processor's saved keyword arguments) of a folder or Hub repo."""
+    tokenizer, image_processor, template = _parts(name, {"revision": revision, "trust_remote_code": trust_remote_code})
+    kwargs = read_json(name, "processor_config.json", revision)
+    for key in ("processor_class", "auto_map", "image_processor", "tokenizer", "video_processor", "chat_template"):
+        kwargs.pop(key, None)  # not arguments (transformers 5 saves the sub-processors' configs inline)
+    kwargs["chat_template"] = template
+    return image_processor, tokenizer, kwargs
+
+
+def without_video(processor_class):
+    """``processor_class`` with an image processor and a tokenizer only. ``ProcessorMixin`` takes its parts from the
+    ``__init__`` signature, so the subclass's signature drops the video processor the class would build."""
+
+    class ImagesOnly(processor_class):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = processor_class.__name__
+    return ImagesOnly
+
+
+def _images_only(processor_class):
+    def load(name: str, config=None, revision: str | None = None, trust_remote_code=None):
+        image_processor, tokenizer, kwargs = _saved_parts(name, revision, trust_remote_code)
+        return without_video(processor_class())(image_processor, tokenizer, **kwargs)
+
+    return load
+
+
+def _llava_onevision_class():
+    from transformers.models.llava_onevision.processing_llava_onevision import LlavaOnevisionProcessor
+
+    return LlavaOnevisionProcessor
+
+
+def _internvl_class():
+    from transformers.models.internvl.processing_internvl import InternVLProcessor
+
+    return InternVLProcessor
+
+
+llava_onevision = register("llava_onevision", auto_first=True)(_images_only(_llava_onevision_class))
+internvl = register("internvl", auto_first=True)(_images_only(_internvl_class))
+
+
+class PixtralLayoutProcessor:
+    """Mistral3's prompts and images as Pixtral's processor makes them, without torchvision. One ``[IMG]`` per
+    ``patch_size * spatial_merge_size`` square of the resized image, a ``[IMG_BREAK]`` after each row, the last one
+    replaced by ``[IMG_END]``."""
+
+    def __init__(self, image_processor, tokenizer, patch_size: int = 16, spatial_merge_size: int = 1,
+                 chat_template=None, image_token="[IMG]", image_break_token="[IMG_BREAK]",
+                 image_end_token="[IMG_END]", **kwargs):
+        self.image_processor, self.tokenizer = image_processor, tokenizer
+        self.patch_size, self.spatial_merge_size = patch_size, spatial_merge_size
+        self.chat_template = chat_template or tokenizer.chat_template
+        self.image_token, self.image_break_token, self.image_end_token = image_token, image_break_token, image_end_token
+
+    def apply_chat_template(self, messages, **kwargs):
+        return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, **kwargs)
+
+    def placeholder(self, height: int, width: int) -> str:
+        side = self.patch_size * self.spatial_merge_size
+        row = self.image_token * (width // side) + self.image_break_token
+        return (row * (height // side))[: -len(self.image_break_token)] + self.image_end_token
+
+    def __call__(self, text=None, images=None, return_tensors="pt", **kwargs) -> dict:
+        texts = [text] if isinstance(text, str) else list(text)
+        out = {}
+        if images is not None:
+            pixels = self.image_processor(images, return_tensors="pt")
+            sizes = pixels["image_sizes"].tolist()  # (h, w) after resizing, before padding
+            it = iter(sizes)
+            expanded = []
+            for sample in texts:
+                pieces = sample.split(self.image_token)
+                expanded.append(pieces[0] + "".join(self.placeholder(*next(it)) + p for p in pieces[1:]))
+            texts = expanded
+            out.update(pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"])
+        out.update(self.tokenizer(texts, return_tensors=return_tensors, **kwargs))
+        return out
+
+
+@register("mistral3", auto_first=True)
+def mistral3(name: str, config=None, revision: str | None = None, trust_remote_code=None):
+    image_processor, tokenizer, kwargs = _saved_parts(name, revision, trust_remote_code)
+    return PixtralLayoutProcessor(image_processor, tokenizer, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- PaliGemma
+
+
+def paligemma_format(processor, prompt: str, with_image: bool) -> str:
+    """PaliGemma's prompt: the image token (expanded by ``paligemma_encode``), BOS, the prefix, a newline. Its
+    checkpoints carry no chat template; one that does is used."""
+    if has_chat_template(processor):
+        from .inputs import format_prompt
+
+        return format_prompt(processor, prompt, with_image)
+    return f"{processor.image_token if with_image else ''}{processor.tokenizer.bos_token}{prompt}\n"
+
+
+def paligemma_encode(processor, texts: list[str], images) -> dict:
+    """input_ids (image tokens x image_seq_length in place of the image token), attention_mask, token_type_ids (0:
+    the image and the prefix, which attend to each other both ways) and pixel_values."""
+    tokenizer = processor.tokenizer
+    if images is not None:
+        run = processor.image_token * processor.image_seq_length
+        texts = [t.replace(processor.image_token, run, 1) for t in texts]
+    encoded = dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
+    encoded["token_type_ids"] = torch.zeros_like(encoded["input_ids"])
+    if images is not None:
+        encoded["pixel_values"] = processor.image_processor(images, return_tensors="pt")["pixel_values"]
+    return encoded
+
+
+@register_batches("paligemma")
+def paligemma_batches(processor, config, samples, batch_size: int, max_new_tokens: int, prompts_path="prompts"):
+    return make_batches(processor, config, samples, batch_size, max_new_tokens, prompts_path,
+                        format=paligemma_format, encode=paligemma_encode)
+
+
+# ------------------------------------------------------------------------------------------------- Gemma3
+
+
+def nested_encode(processor, texts: list[str], images) -> dict:
+    """The generic encoding with one list of images per prompt (Gemma3's processor counts images per sample)."""
+    from .inputs import _encode
+
+    return _encode(processor, texts, None if images is None else [[image] for image in images])
+
+
+@register_batches("gemma3")
+def gemma3_batches(processor, config, samples, batch_size: int, max_new_tokens: int, prompts_path="prompts"):
+    """The chat turn writes ``<start_of_image>``; the processor expands it to ``\n\n<start_of_image>`` +
+    ``<image_soft_token>`` x mm_tokens_per_image + ``<end_of_image>\n\n`` and returns token_type_ids (1 on the
+    soft tokens, which attend to each other both ways)."""
+    return make_batches(processor, config, samples, batch_size, max_new_tokens, prompts_path, encode=nested_encode)
+
+
+__all__ = ["AUTO_FIRST", "BATCHES", "BUILDERS", "ExpandingProcessor", "PixtralLayoutProcessor", "ProcessorUnavailable",
+           "batches_for", "build_idefics3", "build_qwen_vl", "load_processor", "register", "register_batches",
+           "without_video"]

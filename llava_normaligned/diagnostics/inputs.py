@@ -125,7 +125,10 @@ def _prompt_flags(tokenizer, text: str, prompt: str, row: list[int], image_token
                   add_special_tokens: bool) -> list[bool] | None:
     """For each token of ``row`` (the processor's ids of ``text``, padding removed): does it hold the prompt's text?
     ``text`` is re-encoded with offsets; its single image token stands for the run of image tokens the processor
-    expanded it to. None when the offsets are unavailable or the two encodings do not line up."""
+    expanded it to. A processor that writes other tokens around that run (Gemma3's ``<start_of_image>`` ...
+    ``<end_of_image>``, InternVL's ``<img>``, Pixtral's row breaks, Ovis's indicators) lines up by the common tail
+    instead: when every prompt token of the re-encoding lies in the tail that both encodings share, those are the
+    prompt's tokens in ``row``. None when the offsets are unavailable or the encodings do not line up."""
     start = text.rfind(prompt)
     if start < 0 or not prompt:
         return None
@@ -134,8 +137,16 @@ def _prompt_flags(tokenizer, text: str, prompt: str, row: list[int], image_token
         encoded = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     except (NotImplementedError, ValueError, TypeError):  # a slow tokenizer has no offsets
         return None
+    ids = list(encoded["input_ids"])
+    own = [token not in special and first < end and last > start  # overlaps the prompt's characters
+           for token, (first, last) in zip(ids, encoded["offset_mapping"])]
+    flags = _aligned_flags(ids, own, row, image_token_id)
+    return flags if flags is not None else _tail_flags(ids, own, row)
+
+
+def _aligned_flags(ids: list[int], own: list[bool], row: list[int], image_token_id) -> list[bool] | None:
     flags, i, previous = [], 0, None
-    for token, (first, last) in zip(encoded["input_ids"], encoded["offset_mapping"]):
+    for token, is_prompt in zip(ids, own):
         if token == image_token_id and previous == image_token_id:
             continue  # ``text`` already expanded: its run of image tokens was consumed at the run's first token
         previous = token
@@ -149,9 +160,18 @@ def _prompt_flags(tokenizer, text: str, prompt: str, row: list[int], image_token
             continue
         if i >= len(row) or row[i] != token:
             return None
-        flags.append(token not in special and first < end and last > start)  # overlaps the prompt's characters
+        flags.append(is_prompt)
         i += 1
     return flags if i == len(row) else None
+
+
+def _tail_flags(ids: list[int], own: list[bool], row: list[int]) -> list[bool] | None:
+    shared = 0
+    while shared < min(len(ids), len(row)) and ids[-1 - shared] == row[-1 - shared]:
+        shared += 1
+    if not shared or any(own[: len(ids) - shared]):
+        return None
+    return [False] * (len(row) - shared) + own[len(ids) - shared :]
 
 
 def prompt_text_mask(processor, texts: list[str], prompts: list[str], encoded: dict, image_token_id,
@@ -224,19 +244,20 @@ def _image_token_id(config):
     return getattr(config, "image_token_index", None) if image_token_id is None else image_token_id
 
 
-def _make_batch(processor, config, chunk: list[Sample], max_new_tokens: int, prompts_path: str) -> Batch:
+def _make_batch(processor, config, chunk: list[Sample], max_new_tokens: int, prompts_path: str,
+                format=format_prompt, encode=_encode) -> Batch:
     from PIL import Image
 
     image_token_id = _image_token_id(config)
     prompts = [s.prompt for s in chunk]
     images = [open_image(s.image_path) for s in chunk]
     blanks = [Image.new("RGB", im.size, BLANK_RGB) for im in images]
-    with_image = [format_prompt(processor, p, True) for p in prompts]
-    without_image = [format_prompt(processor, p, False) for p in prompts]
-    inputs = _encode(processor, with_image, images)
+    with_image = [format(processor, p, True) for p in prompts]
+    without_image = [format(processor, p, False) for p in prompts]
+    inputs = encode(processor, with_image, images)
     _check_context(inputs, chunk, config, max_new_tokens, prompts_path)
-    blank_inputs = _encode(processor, with_image, blanks)
-    text_only = _encode(processor, without_image, None)
+    blank_inputs = encode(processor, with_image, blanks)
+    text_only = encode(processor, without_image, None)
     valid = inputs["attention_mask"].bool()
     image_mask = (inputs["input_ids"] == image_token_id) & valid
     if not image_mask.any(dim=-1).all():
@@ -266,16 +287,20 @@ def _make_batch(processor, config, chunk: list[Sample], max_new_tokens: int, pro
 
 
 def make_batches(
-    processor, config, samples: list[Sample], batch_size: int, max_new_tokens: int, prompts_path: str = "prompts"
+    processor, config, samples: list[Sample], batch_size: int, max_new_tokens: int, prompts_path: str = "prompts",
+    *, format=format_prompt, encode=_encode,
 ) -> list[Batch]:
     """Encode every sample with the model's processor (left padding, as generation appends on the right; the
-    tokenizer's own padding side is restored after), checking each fits the context."""
+    tokenizer's own padding side is restored after), checking each fits the context. ``format(processor, prompt,
+    with_image)`` writes a prompt as the model sees it and ``encode(processor, texts, images or None)`` makes the
+    model's inputs of them: a family whose prompts are not a chat turn (PaliGemma) passes its own."""
     tokenizer = processor.tokenizer
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
         return [
-            _make_batch(processor, config, samples[start : start + batch_size], max_new_tokens, prompts_path)
+            _make_batch(processor, config, samples[start : start + batch_size], max_new_tokens, prompts_path,
+                        format, encode)
             for start in range(0, len(samples), batch_size)
         ]
     finally:

@@ -74,12 +74,20 @@ def _device_dtype(model):
     return parameter.device, parameter.dtype
 
 
+def _generated_token_type(model) -> int:
+    from llava_normaligned.anatomy import family_of
+
+    family = family_of(getattr(model, "config", None))
+    return family.generated_token_type if family is not None else 0
+
+
 def _model_inputs(model, inputs: dict, pixel_values=None, appended: torch.Tensor | None = None) -> dict:
     device, dtype = _device_dtype(model)
     inputs = dict(inputs)
     if appended is not None:  # (B, n) tokens appended on the right, all real, all text
-        for key in _per_token(inputs):
-            inputs[key] = torch.cat([inputs[key], torch.zeros_like(appended, dtype=inputs[key].dtype)], dim=1)
+        for key in _per_token(inputs):  # Qwen's mm_token_type_ids: 0 (text); token_type_ids: the generated type
+            fill = _generated_token_type(model) if key == "token_type_ids" else 0
+            inputs[key] = torch.cat([inputs[key], torch.full_like(appended, fill, dtype=inputs[key].dtype)], dim=1)
         inputs["input_ids"] = torch.cat([inputs["input_ids"], appended], dim=1)
         mask = inputs["attention_mask"]
         inputs["attention_mask"] = torch.cat([mask, torch.ones_like(appended, dtype=mask.dtype)], dim=1)

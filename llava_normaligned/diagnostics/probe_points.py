@@ -1,9 +1,9 @@
 """Where a vision-language model is probed: vision tower -> projector (-> its norm) -> language model layers.
 
-The parts are found by ``llava_normaligned.anatomy`` (one table of model families; LLaVA-NeXT and LLaVA-OneVision
-keep LLaVA's paths and are matched by structure). For Qwen the projector is the merger inside the vision model, for
-Idefics3 / SmolVLM the connector; Qwen3-VL's deepstack features are probed where they enter the LLM. A model without
-one of them cannot be probed, and ``locate`` says which part is missing.
+The parts are found by ``llava_normaligned.anatomy`` (one table of model families). For Qwen the projector is the
+merger inside the vision model, for Idefics3 / SmolVLM the connector, for Ovis2 its visual embedding table; Qwen3-VL's
+deepstack features are probed where they enter the LLM. A model without one of them cannot be probed, and ``locate``
+says which part is missing.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class ProbePoints:
     deepstack_llm_layers: tuple[int, ...] = ()  # Qwen3-VL: the decoder layers after which deepstack features are added
     deepstack_vision_layers: tuple[int, ...] = ()  # the vision layers they come from
     placeholder_token_ids: tuple[int, ...] = ()  # image token and the family's others
+    base: nn.Module | None = None  # the base model: its input_ids say where the image tokens are
+    embed_scale: float = 1.0  # the factor embed_tokens multiplies its rows by (Gemma: sqrt(D))
 
     @property
     def num_layers(self) -> int:
@@ -76,4 +78,6 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
         deepstack_llm_layers=tuple(deepstack.llm_layers(anatomy.config)) if deepstack else (),
         deepstack_vision_layers=tuple(deepstack.vision_layers(anatomy.config)) if deepstack else (),
         placeholder_token_ids=tuple(family.placeholder_token_ids(anatomy.config)),
+        base=anatomy.base,
+        embed_scale=float(getattr(anatomy.input_embeddings, "scalar_embed_scale", 1.0)),
     )

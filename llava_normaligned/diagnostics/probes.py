@@ -56,7 +56,10 @@ def text_embedding_norm(points: ProbePoints, tokenizer, top_k: int, eps: float =
         target = text_embedding_norm_target(points.embeddings, eps, exclude_token_ids=(points.image_token_id,))
     except ValueError:  # every row is zero: T is undefined
         target = None
-    summary = embedding_table_stats(points.embeddings, tokenizer, top_k, (points.image_token_id,), eps)
+    if target is not None:  # Gemma's embed_tokens multiplies its rows by sqrt(D): the text enters the LLM scaled
+        target *= points.embed_scale
+    summary = embedding_table_stats(points.embeddings, tokenizer, top_k, (points.image_token_id,), eps,
+                                    scale=points.embed_scale)
     top = summary.pop("top_k")
     return {
         **{key: summary[key] for key in ("mean", "std")},
@@ -104,6 +107,7 @@ def embedding_table_stats(embeddings: torch.Tensor, tokenizer, top_k: int, exclu
         "eps": eps,
         "excluded_token_ids": excluded,
         "hidden_size": int(embeddings.shape[-1]),
+        "embed_scale": float(scale),
         "top_k": top,
     }
 

@@ -21,7 +21,7 @@ from llava_normaligned.generation import placeholder_token_ids
 
 from . import blog, passes, probes
 from .config import DiagnoseConfig, DiagnosticsError
-from .inputs import Batch, Sample, make_batches
+from .inputs import Batch, Sample
 from .probe_points import ProbePoints, locate
 from .readings import directions
 from .taps import AttentionTap, DeepstackTap, ProjectorTap, ResidualTap, eager_attention
@@ -50,6 +50,8 @@ def load(model_id: str, revision: str | None, config: DiagnoseConfig):
     from llava_normaligned.anatomy import AnatomyError
     from llava_normaligned.loading import load_config, load_model
 
+    from .family_inputs import ProcessorUnavailable
+
     try:
         model_config = load_config(model_id, revision=revision, trust_remote_code=config.trust_remote_code)
     except (ValueError, OSError) as err:
@@ -68,6 +70,8 @@ def load(model_id: str, revision: str | None, config: DiagnoseConfig):
             trust_remote_code=config.trust_remote_code,
         )
     except AnatomyError as err:  # loaded, but its parts are not where any family keeps them
+        raise DiagnosticsError(f"cannot probe {err}") from None
+    except ProcessorUnavailable as err:  # AutoProcessor failed and so did the family's builder
         raise DiagnosticsError(f"cannot probe {err}") from None
     except (ValueError, KeyError, OSError, RuntimeError, ImportError) as err:  # RuntimeError: a device it lacks
         raise DiagnosticsError(f"cannot load {model_id!r} as an image-text-to-text model: {err}") from err
@@ -314,8 +318,10 @@ def summarise(acc: Accumulators, text_norm: dict, samples: list[Sample]) -> dict
 def probe_model(model, processor, config: DiagnoseConfig, samples: list[Sample], model_id: str = "model",
                 revision=None, label: str = "model") -> dict:
     """Every probe on a model already in memory (as ``load_model`` returns it, in eval mode)."""
+    from .family_inputs import batches_for
+
     points = locate(model, model_id)
-    batches = make_batches(
+    batches = batches_for(model.config)(
         processor, model.config, samples, config.batch_size, config.max_new_tokens, config.prompts or "prompts"
     )
     text_norm = probes.text_embedding_norm(points, processor.tokenizer, config.top_k)
@@ -327,7 +333,12 @@ def probe_model(model, processor, config: DiagnoseConfig, samples: list[Sample],
         diagnose_batch(points, batch, config, acc, processor.tokenizer, stage, suppress)
     summary = summarise(acc, text_norm, samples)
     deepstack = deepstack_summary(points, acc, text_norm["T"])
-    return {**_model_facts(model_id, revision, points), **summary, **({"deepstack": deepstack} if deepstack else {})}
+    extra = {"deepstack": deepstack} if deepstack else {}
+    if points.family is not None and points.family.projector_input == "visual_vocabulary":  # Ovis: paper RQ4
+        from .visual_vocabulary import measure
+
+        extra["visual_tokens"] = measure(points, batches, text_norm["T"])
+    return {**_model_facts(model_id, revision, points), **summary, **extra}
 
 
 def diagnose_model(config: DiagnoseConfig, model_id: str, revision, samples: list[Sample], label: str) -> dict:

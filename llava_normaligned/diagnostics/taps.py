@@ -2,7 +2,7 @@
 
 - ``ProjectorTap``: per-token L2 norms of the vision tokens at each stage (vision tower output, projector input,
   projector MLP output, norm output, LLM input) and, for the blog's Experiment 1, the scale alpha applied to the
-  projector output before it is scattered into the LLM's input embeddings.
+  vision tokens of the LLM's input embeddings.
 - ``ResidualTap``: per-token statistics of the LLM's residual stream h_0 (input embeddings) ... h_L (what each next
   decoder layer reads; the last layer's output, before the final norm), computed layer by layer so that no
   (L, B, S, D) stack is ever held.
@@ -61,14 +61,20 @@ class _Hooks:
 
 
 class ProjectorTap(_Hooks):
-    """Records vision-token norms at each stage and multiplies the projector output by ``alpha``.
+    """Records vision-token norms at each stage and multiplies the vision tokens entering the LLM by ``alpha``.
 
     Stages (each a list of (#tokens,) tensors, one per forward):
         encoder_output: the vision tower's last hidden state (CLS dropped under the "default" strategy);
         before_projector: the projector's input (the selected vision feature layer);
         after_projector: the projector's MLP output (for a model without a norm: the projector's output);
         after_norm: the projector norm's output (paper §5.1), only when the model has one;
-        llm_input: what enters the LLM, alpha * projector output.
+        llm_input: what enters the LLM at the image-token positions, alpha * (the model's own inputs_embeds there).
+
+    The LLM input is read where the language model receives it (its ``inputs_embeds`` at the positions of the image
+    token in the base model's ``input_ids``), so that what a family does between its projector and the LLM counts:
+    LLaVA-NeXT's unpadding and newline rows, a scaling, a merge. The blog's Experiment 1 scales those positions:
+    h_v = alpha * h_v. A projector called on integer ids (Ovis's indicator tokens, rows of its visual embedding
+    table) is not a vision-feature pass and is not recorded.
     """
 
     STAGES = ("encoder_output", "before_projector", "after_projector", "after_norm", "llm_input")
@@ -78,6 +84,7 @@ class ProjectorTap(_Hooks):
         self.points = points
         self.alpha = float(alpha)
         self.records = {stage: [] for stage in self.STAGES}
+        self._input_ids = None
 
     def __enter__(self):
         p = self.points
@@ -87,6 +94,8 @@ class ProjectorTap(_Hooks):
             self._add(p.projector_norm.register_forward_pre_hook(self._on_norm_input))
             self._add(p.projector_norm.register_forward_hook(self._on_norm_output))
         self._add(p.projector.register_forward_hook(self._on_projector_output))
+        self._add(p.base.register_forward_pre_hook(self._on_base_input, with_kwargs=True))
+        self._add(p.language_model.register_forward_pre_hook(self._on_llm_input, with_kwargs=True))
         return self
 
     def _on_vision_output(self, module, args, output):
@@ -96,7 +105,8 @@ class ProjectorTap(_Hooks):
         self.records["encoder_output"].append(_token_norms(hidden))
 
     def _on_projector_input(self, module, args):
-        self.records["before_projector"].append(_token_norms(args[0]))
+        if args and args[0].is_floating_point():
+            self.records["before_projector"].append(_token_norms(args[0]))
 
     def _on_norm_input(self, module, args):
         self.records["after_projector"].append(_token_norms(args[0]))
@@ -105,12 +115,24 @@ class ProjectorTap(_Hooks):
         self.records["after_norm"].append(_token_norms(output))
 
     def _on_projector_output(self, module, args, output):  # (B, N, D_text)
-        if self.points.projector_norm is None:
+        if self.points.projector_norm is None and args and args[0].is_floating_point():
             self.records["after_projector"].append(_token_norms(output))
+
+    def _on_base_input(self, module, args, kwargs):
+        self._input_ids = kwargs.get("input_ids", args[0] if args else None)
+
+    def _on_llm_input(self, module, args, kwargs):
+        embeds, ids = kwargs.get("inputs_embeds"), self._input_ids
+        if embeds is None or ids is None or ids.shape != embeds.shape[:2]:
+            return None
+        image = ids.to(embeds.device) == self.points.image_token_id  # (B, S)
+        if not image.any():  # a decoding step
+            return None
         if self.alpha != 1.0:
-            output = output * self.alpha  # the blog's Experiment 1: h_v = alpha * Projector(v)
-        self.records["llm_input"].append(_token_norms(output))
-        return output
+            embeds = torch.where(image[..., None], embeds * self.alpha, embeds)
+            kwargs = {**kwargs, "inputs_embeds": embeds}
+        self.records["llm_input"].append(_token_norms(embeds[image]))
+        return (args, kwargs) if self.alpha != 1.0 else None
 
     def norms(self, stage: str) -> torch.Tensor | None:
         values = self.records[stage]
