@@ -48,3 +48,15 @@ def tiny_processor(tiny_model_dir):
 def seed():
     torch.manual_seed(0)
     return 0
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread; two threads on a busy 2-core box spend most of their time waiting.
+    A module that wants it: ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

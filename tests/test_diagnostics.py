@@ -22,17 +22,10 @@ from llava_normaligned.diagnostics.probe_points import locate
 from llava_normaligned.diagnostics.runner import probe_model
 from llava_normaligned.diagnostics.theory import compare_rotation, tan_theta_eff, theta_eff
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 REQUIRED = ("text_embedding_norm", "vision_norm", "vision_text_norm_ratio", "layers", "alpha_sweep")
 LAYER_STATS = ("norm", "cos_to_layer0", "cos_to_prev", "update_abs", "update_rel")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy 2-core box spend most of their time waiting."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

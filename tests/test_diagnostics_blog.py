@@ -4,7 +4,6 @@ estimates for every family's config, and decoding that never emits a placeholder
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -16,13 +15,7 @@ import torch
 from llava_normaligned.diagnostics import main
 from llava_normaligned.diagnostics.readings import BLOG_TABLES, RULES, directions
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,8 @@ from llava_normaligned.diagnostics.default_inputs import default_images_dir, def
 from llava_normaligned.diagnostics.inputs import list_images, load_prompts, pair_samples
 from llava_normaligned.tiny import DEFAULT_CORPUS_WORDS
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 BASE_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -242,14 +244,6 @@ OUTPUT_PARAMETERS = {
     "ovis2": ("model.visual_embeddings_table",),
 }
 NEEDS_OFFLINE_PROCESSOR = {"llava_onevision", "internvl", "mistral3"}  # their stock processors need torchvision
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,8 @@ from llava_normaligned.diagnostics.runner import probe_model
 from llava_normaligned.loading import load_model
 from llava_normaligned.tiny import DEFAULT_CORPUS_WORDS
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "smolvlm")
 TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
             max_position_embeddings=1024)
@@ -45,14 +47,6 @@ IDEFICS_TEMPLATE = (  # SmolVLM's own, for images and text
     "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}"
     "{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _tokenizer(special: list[str], image_token: str, template: str, eos: str) -> PreTrainedTokenizerFast:
