@@ -124,3 +124,15 @@ def _wrap(processor, template):
     from llava_normaligned.compose import multimodal_chat_template
 
     return multimodal_chat_template(template, processor.tokenizer)
+
+
+def test_one_date_for_a_whole_preparation(tiny_processor):
+    import datetime
+
+    renderer = ConversationRenderer(tiny_processor, _multimodal(tiny_processor, "llama3.2"))
+    today = datetime.datetime.now().strftime("%d %b %Y")
+    assert renderer.template_kwargs["date_string"] == today  # fixed once: a run over midnight keeps one date
+    text, _ = renderer.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}], 0)
+    assert f"Today Date: {today}" in text
+    assert "date_string" not in ConversationRenderer(tiny_processor, _multimodal(tiny_processor, "qwen2.5")
+                                                     ).template_kwargs

@@ -139,6 +139,19 @@ def _pieces(rendered: str, segments: tuple[str, ...]) -> list[str] | None:
     return pieces
 
 
+_TODAY = re.compile(r"""if\s+not\s+date_string\s+is\s+defined.*?strftime_now\(\s*["']([^"']+)["']\s*\)""", re.S)
+
+
+def _one_date(template: str) -> dict:
+    """``{"date_string": today}`` for a template that writes today's date unless given one (Llama 3.x:
+    ``strftime_now("%d %b %Y")``), so that every row of one preparation carries the same date, however long it runs
+    (a run over midnight would otherwise write two dates, and its fast rendering would differ from jinja's)."""
+    import datetime
+
+    match = _TODAY.search(template)
+    return {"date_string": datetime.datetime.now().strftime(match.group(1))} if match else {}
+
+
 def content_literals(template: str) -> tuple[str, ...] | None:
     """The string constants a template tests text against (``'x' in content``, ``content.split('x')``,
     ``content | replace('x', ...)``); ``None`` when the template does not parse here (no fast path then)."""
@@ -223,6 +236,7 @@ class ConversationRenderer:
         self.uses_markers = has_generation_markers(self.template)
         # The processor passes the tokenizer's special tokens (bos_token, ...) to the template; so do we.
         self.template_kwargs = dict(processor.tokenizer.special_tokens_map)
+        self.template_kwargs.update(_one_date(self.template))
         self.header = self.end_of_turn = ""
         if not self.uses_markers:
             self.header, self.end_of_turn = self._turn_text()

@@ -149,7 +149,7 @@ def _cache_key(text, renderer: ConversationRenderer, processor, per_image: int) 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     for part in (CACHE_FORMAT, renderer.template, renderer.method, renderer.fast, per_image, type(tokenizer).__name__,
                  backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items())),
-                 repr(sorted(renderer.template_kwargs.items(), key=str))):
+                 repr(sorted(((k, v) for k, v in renderer.template_kwargs.items() if k != "date_string"), key=str))):
         digest.update(str(part).encode("utf-8"))
     for batch in text.with_format("arrow").iter(batch_size=65536):
         sink = pa.BufferOutputStream()
