@@ -36,7 +36,7 @@ def _pip(*args: str, timeout: int) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-@pytest.mark.slow  # a pip install, then a fresh process that trains twice, saves, loads, generates: 112 s, loaded 2 cores
+@pytest.mark.slow  # pip install, then a fresh process that trains twice, saves, loads, generates: 112 s on 2 loaded cores
 def test_the_transformers_floor_trains_loads_and_generates(tmp_path):
     floor = transformers_floor()
     try:
