@@ -36,7 +36,7 @@ def _pip(*args: str, timeout: int) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-@pytest.mark.slow  # pip install, then a fresh process that trains twice, saves, loads, generates: 112 s on 2 loaded cores
+@pytest.mark.slow  # a pip install, then a fresh process: trains twice, saves, loads, generates (112 s, loaded)
 def test_the_transformers_floor_trains_loads_and_generates(tmp_path):
     floor = transformers_floor()
     try:
