@@ -1,6 +1,7 @@
-"""Run by tests/test_trl_floor.py in a subprocess whose PYTHONPATH puts another trl first: a tiny stage 2 through
-TRL's own SFTTrainer with ``assistant_only_loss=True`` and a processor (the demo's stock row, bench_train.py), then
-through this package's ``train_stage``. Prints one JSON line: the trl version used and what was checked."""
+"""Run by tests/test_trl_floor.py (and tests/transformers_floor_check.py) in a subprocess whose PYTHONPATH puts
+another trl (or transformers) first: a tiny stage 2 through TRL's own SFTTrainer with ``assistant_only_loss=True``
+and a processor (the demo's stock row, bench_train.py), then through this package's ``train_stage``. Prints one JSON
+line: the trl and transformers versions used and what was checked."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import os
 import sys
 
 
-def main(workdir: str) -> None:
+def train_checks(workdir: str, *, save_final: bool = False) -> tuple[dict, object]:
+    """The two trainings; returns the report and ``train_stage``'s result (its model saved to its output_dir with
+    ``save_final``)."""
     import torch
+    import transformers
     import trl
     from trl import SFTConfig, SFTTrainer
 
@@ -41,11 +45,18 @@ def main(workdir: str) -> None:
     stock.train()
     stock_losses = [e["loss"] for e in stock.state.log_history if "loss" in e]
 
-    result = train_stage(model, processor, rows, args=config("stage2"), stage=StageConfig(2, save_final=False))
+    result = train_stage(model, processor, rows, args=config("stage2"), stage=StageConfig(2, save_final=save_final))
     losses = [e["loss"] for e in result.trainer.state.log_history if "loss" in e]
     assert stock_losses and losses and all(math.isfinite(v) for v in stock_losses + losses)
-    print(json.dumps({"trl": trl.__version__, "trl_file": trl.__file__, "stock_losses": stock_losses,
-                      "train_stage_losses": losses, "masked_labels": masked, "padding": padding}))
+    report = {"trl": trl.__version__, "trl_file": trl.__file__, "transformers": transformers.__version__,
+              "transformers_file": transformers.__file__, "stock_losses": stock_losses, "train_stage_losses": losses,
+              "masked_labels": masked, "padding": padding}
+    return report, result
+
+
+def main(workdir: str) -> None:
+    report, _ = train_checks(workdir)
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
