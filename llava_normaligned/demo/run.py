@@ -1,7 +1,7 @@
 """The CPU demo: the paper's comparison (Li et al., arXiv 2512.08374, Tables 4 and 5) at CPU scale, one command.
 
     llava-normaligned demo --output-dir ./demo            # 3 seeds x 8 rows: about 46 minutes on 2 CPU cores (measured 2741 s) at load 4-11
-    llava-normaligned demo --output-dir ./demo-ci --quick # about 6 minutes on 2 CPU cores (measured 336 s) at load 8-13: 2 x 8 runs, for CI
+    llava-normaligned demo --output-dir ./demo-ci --quick # about 3 minutes on 2 CPU cores (measured 76-336 s) at load 4-13: 2 x 8 runs, for CI
 
 Nothing is downloaded. In order:
 
