@@ -380,16 +380,82 @@ def measured_ratios(ckpt: Checkpoint) -> list[tuple[str, float]]:
     return found[:8]
 
 
-def tracking_table(tracking) -> tuple[list[str], list[list[str]], int]:
-    """(columns, rows of the first, middle and last records, record count) of ``norm_tracking.json``."""
+def tracking_records(tracking) -> list[dict]:
+    """The records of ``norm_tracking.json``: its list, or the first list of records in a dict of them."""
     records = tracking
     if isinstance(tracking, dict):
         records = next((v for v in tracking.values() if isinstance(v, list) and v and isinstance(v[0], dict)), None)
     if not isinstance(records, list) or not records or not isinstance(records[0], dict):
+        return []
+    return records
+
+
+def tracking_table(tracking) -> tuple[list[str], list[list[str]], int]:
+    """(columns, rows of the first, middle and last records, record count) of ``norm_tracking.json``."""
+    records = tracking_records(tracking)
+    if not records:
         return [], [], 0
     columns = [k for k, v in records[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)][:8]
     picks = sorted({0, len(records) // 2, len(records) - 1})
     return columns, [[_fmt(records[i].get(c)) for c in columns] for i in picks], len(records)
+
+
+GWC_PARTS = ("vision_tower", "projector", "projector_norm", "llm")
+
+
+def gwc_optimizer_rows(ckpt: Checkpoint) -> tuple[list[tuple[str, str, str]], int]:
+    """For a checkpoint trained with GWC: (quantity, mean over the logged steps, first logged step) of its optimizer
+    step, from ``norm_tracking.json`` (``demo.stats.optimizer_step_stats``, as the demo's tables read it), and the
+    number of logged steps; ([], 0) without GWC or without those records."""
+    from llava_normaligned.demo.stats import mean_of, optimizer_step_stats
+
+    if not ckpt.config.get("gradient_compensation"):
+        return [], 0
+    records = tracking_records(ckpt.tracking)
+    stats = optimizer_step_stats(records)
+    mean, first = stats["mean"], stats["first"]
+    if "grad_norm" not in mean:
+        return [], 0
+    rows = []
+
+    def add(label, key, scale=1.0):
+        if key in mean:
+            rows.append((label, _fmt(mean[key] * scale), _fmt(first[key] * scale)))
+
+    factors = [r["gwc_factor"] for r in records if (r.get("step") or 0) > 0 and isinstance(r.get("gwc_factor"),
+                                                                                            (int, float))]
+    if factors:
+        first_factor = factors[0]
+        rows.append(("GWC factor 1/clamp(mean |g|)", _fmt(mean_of(factors)), _fmt(first_factor)))
+    add("pre-clip gradient norm, total", "grad_norm")
+    for part in GWC_PARTS:
+        add(f"pre-clip gradient norm, {part}", f"grad_norm/{part}")
+    add("global clip coefficient min(1, max_grad_norm / norm)", "clip_coef")
+    for part in GWC_PARTS:
+        add(f"per-part clip coefficient, {part}", f"clip_coef/{part}")
+    for part in GWC_PARTS:
+        add(f"update size ||Δθ|| / ||θ|| (x 1e-3), {part}", f"update_size/{part}", 1e3)
+    return rows, stats["steps"]
+
+
+def demo_gwc_text() -> str | None:
+    """The package's measured CPU-demo finding on GWC under AdamW, in words, from ``assets/demo_gwc.json`` (written
+    from the run the docs quote by ``python -m llava_normaligned.demo.report --write-asset``)."""
+    from llava_normaligned.demo.report import gwc_finding_text, read_gwc_asset
+
+    asset = read_gwc_asset()
+    if not asset or not asset.get("finding"):
+        return None
+    finding = asset["finding"]
+    seeds = finding.get("seeds") or []
+    steps = finding.get("steps") or {}
+    scope = ", ".join(x for x in (
+        f"{len(seeds)} seeds" if seeds else "",
+        f"{finding['llm_layers']}-layer LLM" if finding.get("llm_layers") else "",
+        f"{steps.get('stage1')} + {steps.get('stage2')} steps" if steps else "") if x)
+    return (f"In the package's CPU demo (`{asset.get('command', 'llava-normaligned demo')}`"
+            f"{'; ' + scope if scope else ''}; target init with and without GWC, each with clipping at 1.0 and "
+            f"without): {gwc_finding_text(finding)}")
 
 
 def embedded_markdown(path: Path, link_prefix: str) -> str | None:
@@ -485,6 +551,7 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
     cfg = ckpt.config
     norm_rows, _ = norm_statistics(ckpt)
     columns, tracking_rows, tracking_count = tracking_table(ckpt.tracking)
+    gwc_rows, gwc_steps = gwc_optimizer_rows(ckpt)
     trained_rows, trained_left_out = training_rows(ckpt.training) if isinstance(ckpt.training, dict) else ([], 0)
     diag_json = _read_json(ckpt.diagnostics_dir / "diagnostics.json") if ckpt.diagnostics_dir else None
     eval_json = _read_json(ckpt.eval_dir / "results.json") if ckpt.eval_dir else None
@@ -507,6 +574,9 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
         tracking_columns=columns,
         tracking_rows=_cells(tracking_rows),
         tracking_count=tracking_count,
+        gwc_rows=_cells(gwc_rows),
+        gwc_steps=gwc_steps,
+        gwc_demo=demo_gwc_text() if gwc_rows else None,
         diagnostics_dir="diagnostics",
         diagnostics_md=embedded_markdown(ckpt.diagnostics_dir / "summary.md", "diagnostics")
         if ckpt.diagnostics_dir else None,

@@ -95,6 +95,61 @@ def test_the_optimizer_step_is_tracked_per_part(results):
     assert all(0 < part_clip[f"clip_coef/{p}"] <= 1 for p in ("vision_tower", "projector", "llm"))
 
 
+def test_rows_that_differ_only_in_stage_2_share_their_stage_1(quick_demo, results):
+    from llava_normaligned.demo.run import STOCK_KEY, demo_tasks
+
+    tasks = demo_tasks(VARIANTS + EXTRA_VARIANTS, [42])
+    assert [t.keys for t in tasks] == [
+        ("no_norm",), ("norm_default_init",), ("norm_target_init", "norm_target_init_noclip"),
+        ("norm_target_init_gwc", "norm_target_init_gwc_part_clip", "norm_target_init_gwc_noclip"), (STOCK_KEY,)]
+    assert sorted(p for t in tasks for p in t.positions) == [(i, 8) for i in range(1, 9)]
+    shared = {"norm_target_init_noclip": "norm_target_init", "norm_target_init_gwc_noclip": "norm_target_init_gwc",
+              "norm_target_init_gwc_part_clip": "norm_target_init_gwc"}
+    for seed in results["seeds"]:
+        runs = {key: json.loads((quick_demo / "runs" / key / f"seed{seed}" / "result.json").read_text())
+                for key in list(shared) + list(set(shared.values()))}
+        for key, twin in shared.items():
+            row, other = runs[key], runs[twin]
+            assert row["stage1_shared_with"] == twin and other["stage1_shared_with"] is None
+            assert row["stage1_checkpoint"] == other["stage1_checkpoint"] == f"runs/{twin}/seed{seed}/stage1"
+            assert row["tracking"]["stage1"] == other["tracking"]["stage1"]
+            assert row["norm_ratio"]["after_stage1"] == other["norm_ratio"]["after_stage1"]
+            assert row["seconds"]["stage1"] == 0.0 and row["training"]["applies_to"] == "stage 2"
+            assert not (quick_demo / "runs" / key / f"seed{seed}" / "stage1").exists()
+            # stage 1 trained with the defaults (global clipping at 1.0) for all of them
+            assert all(0 < r["clip_coef"] <= 1 for r in row["tracking"]["stage1"] if "clip_coef" in r)
+
+
+def test_the_readme_excerpt_and_the_card_s_gwc_record_come_from_results_json(results, tmp_path):
+    from llava_normaligned.demo import report
+
+    text = report.measured_section(results)
+    assert all(line in text for line in report.summary_table(results["rows"]))
+    assert f"{results['timing']['total_seconds']:.0f} s wall" in text and "At this depth (4 LLM layers)" in text
+    path = tmp_path / "demo_gwc.json"
+    record = report.write_gwc_asset(results, str(path))
+    assert report.read_gwc_asset(str(path)) == json.loads(json.dumps(record))
+    gwc = next(r for r in results["rows"] if r["key"] == "norm_target_init_gwc")
+    assert record["finding"]["grad_norm"]["gwc"] == gwc["optimizer_step"]["mean"]["grad_norm"]
+    assert report.gwc_finding_text(record["finding"]) in report.render_markdown(results)
+
+
+def test_the_readme_and_docs_quote_the_committed_run():
+    """README.md and docs/demo.md quote ``measured_section`` of the committed default run; the card's GWC record is
+    that run's ``gwc_finding``."""
+    from pathlib import Path
+
+    from llava_normaligned.demo import report
+
+    root = Path(__file__).resolve().parent.parent
+    committed = json.loads((root / "benchmarks" / "results" / "demo_results.json").read_text())
+    section = report.measured_section(committed)
+    for path in ("README.md", "docs/demo.md"):
+        assert section.strip() in (root / path).read_text(), f"{path}: regenerate with python -m llava_normaligned.demo.report"
+    asset = report.read_gwc_asset()
+    assert asset["finding"] == json.loads(json.dumps(report.gwc_finding(committed["rows"], committed["contrasts"])))
+
+
 def test_per_layer_norms_and_directions_after_stage_2(quick_demo, results):
     layers = results["setup"]["config"]["parts"]["text"]["num_hidden_layers"]
     for row in results["rows"]:
@@ -213,8 +268,14 @@ def test_rerun_reuses_finished_runs_and_refuses_other_settings(quick_demo, resul
 
 
 def test_same_seed_same_numbers(results, tmp_path):
-    assert _run(tmp_path / "again") == 0
+    """Again, all in one process (``--workers 1``; the first run trained in two worker processes): every run is
+    seeded and single-threaded, so where and in which order it ran changes nothing."""
+    from llava_normaligned.cli import main
+
+    assert results["timing"]["workers"] == 2
+    assert main(["demo", "--output-dir", str(tmp_path / "again"), "--quick", "--no-progress", "--workers", "1"]) == 0
     again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again["timing"]["workers"] == 1
     for first, second in zip(results["rows"], again["rows"]):
         assert second["accuracy"] == first["accuracy"], first["key"]
         assert second["train_loss"] == first["train_loss"], first["key"]

@@ -57,8 +57,10 @@ class Variant:
     projector_norm: str | None
     norm_init: str = "target"
     gradient_compensation: bool = False
-    # how it trains (the same model fields can train two ways): the Trainer's global clipping threshold
-    # (``max_grad_norm``; 0 = no clipping) and ``StageConfig.clip_per_part``
+    # how stage 2 trains (the same model fields can train two ways): the Trainer's global clipping threshold
+    # (``max_grad_norm``; 0 = no clipping) and ``StageConfig.clip_per_part``. Stage 1 always trains with the
+    # defaults (clipping at 1.0, globally): there only the projector and its norm train, so there is no LLM step
+    # for the clipping to throttle, and rows that differ only here share their stage-1 run (``stage1_group``).
     max_grad_norm: float = 1.0
     clip_per_part: bool = False
 
@@ -67,7 +69,11 @@ class Variant:
                 "gradient_compensation": self.gradient_compensation}
 
     def training_fields(self) -> dict:
-        return {"max_grad_norm": self.max_grad_norm, "clip_per_part": self.clip_per_part}
+        return {"max_grad_norm": self.max_grad_norm, "clip_per_part": self.clip_per_part, "applies_to": "stage 2"}
+
+    def stage1_group(self) -> tuple:
+        """Rows with the same key train the same stage 1 (same model fields, same stage-1 training)."""
+        return tuple(sorted(self.config_fields().items()))
 
 
 VARIANTS = (
@@ -78,7 +84,8 @@ VARIANTS = (
 )
 # Beside the paper's four: GWC with per-part clipping (the steadier alternative, recipe
 # ``ablation_norm-target-init-part-clip-gwc``), and target init with and without GWC trained without clipping
-# (what GWC changes under AdamW when the global clipping cannot couple the parts).
+# (what GWC changes under AdamW when the global clipping cannot couple the parts); each in stage 2, continuing from
+# the stage-1 run of the paper's row with the same model fields.
 EXTRA_VARIANTS = (
     Variant("w/ Norm, target init (w/ GWC), per-part clipping", "norm_target_init_gwc_part_clip", "layernorm",
             "target", True, clip_per_part=True),
@@ -97,7 +104,7 @@ class PartsConfig:
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=32,
         patch_size=8))
     text: TinyTextSpec = field(default_factory=lambda: TinyTextSpec(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2))
     vision_pretrain: VisionPretrainConfig = field(default_factory=VisionPretrainConfig)
     text_pretrain: TextPretrainConfig | None = field(default_factory=TextPretrainConfig)
     jitter: int = 1

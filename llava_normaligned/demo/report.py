@@ -159,48 +159,83 @@ def _by_key(rows: list[dict]) -> dict:
     return {r["key"]: r for r in rows}
 
 
-def gwc_text(rows: list[dict], contrasts: list[dict]) -> str:
-    """What GWC changed under AdamW in this run, from the optimizer-step table and the contrasts."""
+def gwc_finding(rows: list[dict], contrasts: list[dict]) -> dict | None:
+    """What GWC changed under AdamW in one demo run, as numbers: stage-2 means over the logged steps and the seeds
+    (``optimizer_step``) of target init with and without GWC, with and without clipping, and the paired accuracy
+    contrasts. None when the run lacks those rows. The model card states it from ``assets/demo_gwc.json``, which
+    holds this dict for the run the docs quote (``python -m llava_normaligned.demo.report``)."""
     rows_by = _by_key(rows)
     need = ("norm_target_init", "norm_target_init_gwc", "norm_target_init_noclip", "norm_target_init_gwc_noclip")
     if not all(k in rows_by for k in need):
-        return ""
+        return None
 
     def stat(key, name):
         return ((rows_by[key].get("optimizer_step") or {}).get("mean") or {}).get(name)
 
     def ratio(a, b):
-        return "n/a" if a is None or not b else f"{a / b:.2f}x"
+        return None if a is None or not b else a / b
 
     c = {(x["key"], x["reference"]): x for x in contrasts}
-    clip_gwc = c.get(("norm_target_init_gwc", "norm_target_init"))
-    noclip_gwc = c.get(("norm_target_init_gwc_noclip", "norm_target_init_noclip"))
-    llm = "update_size/llm"
-    vision = "update_size/vision_tower"
-    clipped = stat("norm_target_init_gwc", llm), stat("norm_target_init", llm)
-    if None in clipped or not clipped[1]:
+    llm, vision = "update_size/llm", "update_size/vision_tower"
+    return {
+        "seeds": rows_by["norm_target_init_gwc"].get("seeds"),
+        "llm_layers": len(rows_by["norm_target_init_gwc"]["layers"]["layers"]) - 1
+        if rows_by["norm_target_init_gwc"].get("layers") else None,
+        "steps": rows_by["norm_target_init_gwc"].get("steps"),
+        "grad_norm": {"gwc": stat("norm_target_init_gwc", "grad_norm"), "no_gwc": stat("norm_target_init", "grad_norm")},
+        "clip_coef": {"gwc": stat("norm_target_init_gwc", "clip_coef"), "no_gwc": stat("norm_target_init", "clip_coef")},
+        "llm_update_ratio": {"clipped": ratio(stat("norm_target_init_gwc", llm), stat("norm_target_init", llm)),
+                             "unclipped": ratio(stat("norm_target_init_gwc_noclip", llm),
+                                                stat("norm_target_init_noclip", llm))},
+        "vision_update_ratio": {"clipped": ratio(stat("norm_target_init_gwc", vision), stat("norm_target_init", vision)),
+                                "unclipped": ratio(stat("norm_target_init_gwc_noclip", vision),
+                                                   stat("norm_target_init_noclip", vision))},
+        "accuracy": {"clipped": c.get(("norm_target_init_gwc", "norm_target_init")),
+                     "unclipped": c.get(("norm_target_init_gwc_noclip", "norm_target_init_noclip"))},
+    }
+
+
+def _times(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def gwc_finding_text(finding: dict) -> str:
+    """``gwc_finding`` in words (results.md, the docs, the model card)."""
+    clipped = finding["llm_update_ratio"]["clipped"]
+    if clipped is None:
         verdict = ""
-    elif abs(clipped[0] / clipped[1] - 1) > 0.1:
-        verdict = ("With clipping, GWC changed the LLM's update size by more than 10%: the global clipping carried the "
-                   "compensated parts' gradient into the LLM's step.")
+    elif abs(clipped - 1) > 0.1:
+        verdict = (" With clipping, GWC changed the LLM's update size by more than 10%: the global clipping carried "
+                   "the compensated parts' gradient into the LLM's step.")
     else:
-        verdict = ("Even with clipping, GWC changed the LLM's update size by less than 10%: AdamW divides each "
+        verdict = (" Even with clipping, GWC changed the LLM's update size by less than 10%: AdamW divides each "
                    "parameter's gradient by its own running scale, which absorbs a common clip coefficient as it "
                    "absorbs GWC's factor; only the coefficient's change from step to step reaches the update.")
+
+    def accuracy(entry):
+        if not entry:
+            return "n/a"
+        return _interval(entry, True) + (" (separated from 0)" if entry.get("separated_from_zero")
+                                         else " (not separated from 0)")
+
+    grad, clip = finding["grad_norm"], finding["clip_coef"]
     return (
-        f"With clipping at 1.0, GWC's stage-2 pre-clip gradient norm averaged {_fmt(stat('norm_target_init_gwc', 'grad_norm'), 2)} "
-        f"against {_fmt(stat('norm_target_init', 'grad_norm'), 2)} without GWC, and the global clip coefficient "
-        f"{_fmt(stat('norm_target_init_gwc', 'clip_coef'))} against {_fmt(stat('norm_target_init', 'clip_coef'))}. "
-        f"The LLM's update size with GWC was {ratio(stat('norm_target_init_gwc', llm), stat('norm_target_init', llm))} "
-        f"the one without, the vision tower's {ratio(stat('norm_target_init_gwc', vision), stat('norm_target_init', vision))}. "
-        f"Without clipping the same ratios were {ratio(stat('norm_target_init_gwc_noclip', llm), stat('norm_target_init_noclip', llm))} "
-        f"(LLM) and {ratio(stat('norm_target_init_gwc_noclip', vision), stat('norm_target_init_noclip', vision))} "
-        f"(vision tower). {verdict} In accuracy, GWC against no GWC: "
-        f"{_interval(clip_gwc, True) if clip_gwc else 'n/a'} with clipping"
-        f"{' (separated from 0)' if clip_gwc and clip_gwc['separated_from_zero'] else ' (not separated from 0)'}, "
-        f"{_interval(noclip_gwc, True) if noclip_gwc else 'n/a'} without"
-        f"{' (separated from 0)' if noclip_gwc and noclip_gwc['separated_from_zero'] else ' (not separated from 0)'}."
+        f"With clipping at 1.0, GWC's stage-2 pre-clip gradient norm averaged {_fmt(grad['gwc'], 2)} "
+        f"against {_fmt(grad['no_gwc'], 2)} without GWC, and the global clip coefficient "
+        f"{_fmt(clip['gwc'])} against {_fmt(clip['no_gwc'])}. "
+        f"The LLM's update size with GWC was {_times(clipped)} the one without, the vision tower's "
+        f"{_times(finding['vision_update_ratio']['clipped'])}. Without clipping the same ratios were "
+        f"{_times(finding['llm_update_ratio']['unclipped'])} (LLM) and "
+        f"{_times(finding['vision_update_ratio']['unclipped'])} (vision tower).{verdict} In accuracy, GWC against no "
+        f"GWC: {accuracy(finding['accuracy']['clipped'])} with clipping, {accuracy(finding['accuracy']['unclipped'])} "
+        "without."
     )
+
+
+def gwc_text(rows: list[dict], contrasts: list[dict]) -> str:
+    """What GWC changed under AdamW in this run, from the optimizer-step table and the contrasts."""
+    finding = gwc_finding(rows, contrasts)
+    return gwc_finding_text(finding) if finding else ""
 
 
 def layer_table(rows: list[dict], curve: str, digits: int) -> list[str]:
@@ -513,3 +548,77 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
         ax.legend(fontsize=5, ncol=2)
         save(fig, name)
     return paths
+
+
+# ------------------------------------------------------------------------------ the README's and docs' excerpt
+
+DEMO_COMMAND = "llava-normaligned demo --output-dir demo_out"
+GWC_ASSET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "demo_gwc.json")
+
+
+def measured_section(results: dict, command: str = DEMO_COMMAND) -> str:
+    """What the README and docs/demo.md quote from one run's ``results.json``: how it was measured, the headline
+    table, which differences the intervals separate from zero, what GWC did and the verdict at this depth."""
+    timing, env = results["timing"], results.get("environment") or {}
+    seeds = ", ".join(map(str, results["seeds"]))
+    layers = results["setup"]["config"]["parts"]["text"]["num_hidden_layers"]
+    steps = results["setup"]["config"]
+    baseline = next(r["name"] for r in results["rows"] if r["key"] == results["baseline_key"])
+    head = (f"Measured by `{command}` (seeds {seeds}; {layers}-layer LLM, {steps['stage1_steps']} + "
+            f"{steps['stage2_steps']} steps): {timing['total_seconds']:.0f} s wall on the project's shared 2-core "
+            f"machine, {timing.get('workers', 1)} worker process(es), 1-minute load average "
+            f"{timing['load_average_start']:.1f} at the start and {timing['load_average_end']:.1f} at the end (other "
+            f"jobs running, so not a quiet timing); torch {env.get('torch')}, CPU capability "
+            f"{env.get('cpu_capability')}, {env.get('torch_threads')} torch thread(s) per run. Real- and blank-image "
+            "average accuracy, mean ± 95% interval over the seeds, and the paired difference to w/o Norm (* = its "
+            "interval excludes 0), as `results.md` prints it:")
+    parts = [head, "", *summary_table(results["rows"]), "", separation_text(results["rows"], baseline), "",
+             gwc_text(results["rows"], results.get("contrasts", [])), "", depth_text(results)]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def write_gwc_asset(results: dict, path: str | None = None, command: str = DEMO_COMMAND) -> dict:
+    """Keep ``gwc_finding`` of the run the docs quote where the model card reads it."""
+    finding = gwc_finding(results["rows"], results.get("contrasts", []))
+    if finding is None:
+        raise ValueError("results.json lacks the rows of the GWC ablation (target init with/without GWC, clipping)")
+    record = {"about": "What GWC did under AdamW in the CPU demo the docs quote (llava_normaligned.demo.report."
+                       "gwc_finding of its results.json); the model card's norm-tracking section states it.",
+              "command": command, "finding": finding}
+    with open(path or GWC_ASSET, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=1)
+        handle.write("\n")
+    return record
+
+
+def read_gwc_asset(path: str | None = None) -> dict | None:
+    try:
+        with open(path or GWC_ASSET, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m llava_normaligned.demo.report",
+        description="Print the README's / docs' excerpt of a demo run's results.json; --write-asset also keeps its "
+                    "GWC finding for the model card (llava_normaligned/assets/demo_gwc.json).")
+    parser.add_argument("results", help="a demo run's results.json")
+    parser.add_argument("--write-asset", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.results, encoding="utf-8") as handle:
+            results = json.load(handle)
+    except (OSError, ValueError) as error:
+        parser.error(f"cannot read {args.results}: {error}")
+    print(measured_section(results))
+    if args.write_asset:
+        write_gwc_asset(results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

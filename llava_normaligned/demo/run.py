@@ -1,7 +1,7 @@
 """The CPU demo: the paper's comparison (Li et al., arXiv 2512.08374, Tables 4 and 5) at CPU scale, one command.
 
-    llava-normaligned demo --output-dir ./demo            # 3 seeds x 8 rows: about 18 minutes on 2 CPU cores (measured 1067 s)
-    llava-normaligned demo --output-dir ./demo-ci --quick # about 55 s on 2 CPU cores (measured 56 s): 2 x 8 runs, for CI
+    llava-normaligned demo --output-dir ./demo            # 3 seeds x 8 rows: about 46 minutes on 2 CPU cores (measured 2741 s) at load 4-11
+    llava-normaligned demo --output-dir ./demo-ci --quick # about 3 minutes on 2 CPU cores (measured 76-336 s) at load 4-13: 2 x 8 runs, for CI
 
 Nothing is downloaded. In order:
 
@@ -14,7 +14,10 @@ Nothing is downloaded. In order:
    init without and with GWC trained without gradient clipping, and for each seed (``num_seeds``, default 3): both
    LLaVA-1.5 stages with this package's ``train_stage`` (TRL's SFTTrainer), the test split scored with the real
    images and with blank ones (``scoring.py``), and the per-layer hidden-state norms and directions of each
-   modality (``mechanism.py``, through the diagnostics' residual tap).
+   modality (``mechanism.py``, through the diagnostics' residual tap). The three rows beside the paper's four differ
+   from their paper row in stage 2 only, and continue from that row's stage-1 model (``run_group``). The runs are
+   trained by ``workers`` processes side by side (default: one per core, at most 2), each run seeded and
+   single-threaded, so the numbers do not depend on the number of workers.
    ``runs/stock/seed<k>/``: transformers' own ``LlavaForConditionalGeneration`` trained by TRL's own ``SFTTrainer``
    in one stage with the same number of steps, the baseline a user of stock LLaVA would get.
 4. ``results.md`` / ``results.json`` (Tables 4 and 5 layout with mean ± 95% interval over seeds and paired
@@ -73,10 +76,11 @@ class DemoConfig:
     data: synthetic.SyntheticSpec = field(default_factory=synthetic.SyntheticSpec)
     parts: PartsConfig = field(default_factory=PartsConfig)
     batch_size: int = 16
-    # Eight rows x three seeds in about ten minutes on 2 cores: a run of 200 + 600 steps took 33-42 s, so each run
-    # gets half of that (the single-seed demo's numbers, at 800 steps, are in docs/demo.md's history).
-    stage1_steps: int = 100
-    stage2_steps: int = 300
+    # Eight rows x three seeds of a 4-layer LLM within ten minutes on 2 cores (docs/demo.md, Time): two worker
+    # processes, rows that differ only in stage 2 share their stage 1, and 60 + 150 steps a run (the 2-layer
+    # demo's 100 + 300 and 200 + 600 steps, and what they measured, are in docs/demo.md's history).
+    stage1_steps: int = 60
+    stage2_steps: int = 150
     # Tiny models trained for hundreds of steps need far larger rates than the paper's (Appendix E.1: stage 1 1e-3,
     # stage 2 LLM 1e-5, vision 2e-6); the vision tower keeps the paper's ratio to the LLM (1/5).
     stage1_lr: float = 1e-3  # projector (+ norm)
@@ -252,11 +256,48 @@ def _header(index: int, total: int, name: str, what: str) -> None:
     print(f"[{index}/{total}] {name}: {what}", file=sys.stderr, flush=True)
 
 
-def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
-                position: tuple[int, int], progress: bool, seed: int) -> dict:
-    """Both stages of one variant with one seed, then its scores. Returns that run's row (also ``result.json``)."""
-    from llava_normaligned.trainer.callbacks import gain_statistics
+def _stage_rates(config: DemoConfig, stage: int) -> dict:
+    if stage == 1:
+        return {"lr_projector": config.stage1_lr}
+    return {"lr_llm": config.stage2_lr, "lr_projector": config.stage2_lr, "lr_vision": config.stage2_vision_lr}
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """The Trainer runs a full ``gc.collect()`` when training starts (accelerate's ``free_memory``), which scans every
+    object of the process: about 1.6 s a stage here, with torch, transformers, TRL and the data loaded, a stage of
+    a few dozen steps included. The objects alive before training are moved out of the collector's sight for the
+    stage (``gc.freeze``) and handed back after, so that scan sees only what the stage creates."""
+    import gc
+
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _train(model, processor, dataset, stage: int, steps: int, lr: float, variant: Variant, folder: str,
+           config: DemoConfig, seed: int, progress: bool):
+    """One stage of one run. Stage 1 trains with the defaults (clipping at 1.0, globally); a row's own
+    ``max_grad_norm`` and ``clip_per_part`` apply to stage 2 (``Variant``)."""
     from llava_normaligned.trainer.train import StageConfig, train_stage
+
+    own = stage == 2
+    with trainer_console_to(os.path.join(folder, f"stage{stage}_trainer_log.txt")), frozen_heap():
+        return train_stage(model, processor, dataset,
+                           stage=StageConfig(stage, clip_per_part=variant.clip_per_part and own,
+                                             **_stage_rates(config, stage)),
+                           args=sft_args(os.path.join(folder, f"stage{stage}"), steps, lr, config, seed,
+                                         disable_tqdm=not progress,
+                                         max_grad_norm=variant.max_grad_norm if own else 1.0))
+
+
+def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
+               position: tuple[int, int], progress: bool, seed: int) -> dict:
+    """Stage 1 of ``variant`` with ``seed``: the starting point of every row in its ``stage1_group`` (returned with
+    the trained weights, so that each of them continues from a copy)."""
+    from llava_normaligned.trainer.callbacks import gain_statistics
 
     folder = paths.run(variant.key, seed)
     start = time.perf_counter()
@@ -265,28 +306,48 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
     pixels = probe_pixels(processor, test_rows, config.probe_images)
     ratio = {"init": norm_ratio(model, pixels)}
     gains = {"init": gain_statistics(model)}
-    tracking, losses, seconds = {}, {}, {}
+    _header(*position, variant.name, f"seed {seed}, stage 1, {config.stage1_steps} steps")
+    result = _train(model, processor, datasets["pretrain"], 1, config.stage1_steps, config.stage1_lr, variant, folder,
+                    config, seed, progress)
+    model = result.model
+    ratio["after_stage1"] = norm_ratio(model, pixels)
+    gains["after_stage1"] = gain_statistics(model)
+    return {"key": variant.key, "seed": seed, "pixels": pixels, "ratio": ratio, "gains": gains,
+            "tracking": result.norm_tracking, "loss": result.metrics.get("train_loss"),
+            "seconds": time.perf_counter() - start,
+            "checkpoint": os.path.relpath(os.path.join(folder, "stage1"), paths.root),
+            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
-    stages = (
-        (1, datasets["pretrain"], config.stage1_steps, config.stage1_lr, {"lr_projector": config.stage1_lr}),
-        (2, datasets["instruct"], config.stage2_steps, config.stage2_lr,
-         {"lr_llm": config.stage2_lr, "lr_projector": config.stage2_lr, "lr_vision": config.stage2_vision_lr}),
-    )
-    for stage, dataset, steps, lr, rates in stages:
-        _header(*position, variant.name, f"seed {seed}, stage {stage}, {steps} steps")
-        stage_dir = os.path.join(folder, f"stage{stage}")
-        tic = time.perf_counter()
-        with trainer_console_to(os.path.join(folder, f"stage{stage}_trainer_log.txt")):
-            result = train_stage(model, processor, dataset,
-                                 stage=StageConfig(stage, clip_per_part=variant.clip_per_part, **rates),
-                                 args=sft_args(stage_dir, steps, lr, config, seed, disable_tqdm=not progress,
-                                               max_grad_norm=variant.max_grad_norm))
-        seconds[f"stage{stage}"] = time.perf_counter() - tic
-        model = result.model
-        tracking[f"stage{stage}"] = result.norm_tracking
-        losses[f"stage{stage}"] = result.metrics.get("train_loss")
-        ratio[f"after_stage{stage}"] = norm_ratio(model, pixels)
-        gains[f"after_stage{stage}"] = gain_statistics(model)
+
+def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
+                position: tuple[int, int], progress: bool, seed: int, stage1: dict | None = None) -> dict:
+    """Both stages of one variant with one seed, then its scores. Returns that run's row (also ``result.json``).
+    ``stage1``: a ``run_stage1`` result of a row of the same ``stage1_group`` and seed to continue from (its stage 1
+    is then not trained again); None: train stage 1 here."""
+    if stage1 is None:
+        stage1 = run_stage1(variant, parts, datasets, test_rows, paths, config, position, progress, seed)
+    from llava_normaligned.trainer.callbacks import gain_statistics
+
+    folder = paths.run(variant.key, seed)
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    model, processor = compose_variant(parts, variant, seed=seed)
+    model.load_state_dict(stage1["state"])
+    pixels = stage1["pixels"]
+    ratio, gains = dict(stage1["ratio"]), dict(stage1["gains"])
+    shared = stage1["key"] != variant.key
+    seconds = {"stage1": 0.0 if shared else stage1["seconds"]}
+    _header(*position, variant.name, f"seed {seed}, stage 2, {config.stage2_steps} steps"
+            + (f" (stage 1: {stage1['key']}'s)" if shared else ""))
+    tic = time.perf_counter()
+    result = _train(model, processor, datasets["instruct"], 2, config.stage2_steps, config.stage2_lr, variant, folder,
+                    config, seed, progress)
+    seconds["stage2"] = time.perf_counter() - tic
+    model = result.model
+    tracking = {"stage1": stage1["tracking"], "stage2": result.norm_tracking}
+    losses = {"stage1": stage1["loss"], "stage2": result.metrics.get("train_loss")}
+    ratio["after_stage2"] = norm_ratio(model, pixels)
+    gains["after_stage2"] = gain_statistics(model)
 
     _header(*position, variant.name, "scoring the test split (real and blank images)")
     tic = time.perf_counter()
@@ -294,7 +355,7 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
                          batch_size=config.eval_batch_size, progress=progress, desc=f"scoring {variant.key}")
     seconds["scoring"] = time.perf_counter() - tic
     layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
-    seconds["total"] = time.perf_counter() - start
+    seconds["total"] = seconds["stage1"] + time.perf_counter() - start
     row = {
         "name": variant.name,
         "key": variant.key,
@@ -305,6 +366,8 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
         "model_class": type(model).__name__,
         "variant": variant.config_fields(),
         "checkpoint": os.path.relpath(os.path.join(folder, "stage2"), paths.root),
+        "stage1_checkpoint": stage1["checkpoint"],
+        "stage1_shared_with": stage1["key"] if shared else None,
         "accuracy": scores.accuracy,
         "visual_gain": scores.visual_gain,
         "examples": scores.examples,
@@ -317,6 +380,18 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
     }
     _write_json(row, os.path.join(folder, RESULT_FILE))
     return row
+
+
+def run_group(variants: list[Variant], parts: Parts, datasets: dict, test_rows, paths: DemoPaths,
+              config: DemoConfig, positions: list[tuple[int, int]], progress: bool, seed: int) -> list[dict]:
+    """The rows of one ``stage1_group`` with one seed: stage 1 once (in the first row's folder), then each row's
+    stage 2 from a copy of it. Finished rows (``result.json``) are read, not trained again."""
+    rows = [_finished(paths.run(v.key, seed)) for v in variants]
+    if all(rows):
+        return rows
+    stage1 = run_stage1(variants[0], parts, datasets, test_rows, paths, config, positions[0], progress, seed)
+    return [row or run_variant(v, parts, datasets, test_rows, paths, config, p, progress, seed, stage1=stage1)
+            for v, p, row in zip(variants, positions, rows)]
 
 
 def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
@@ -342,7 +417,7 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
     ratio = {"init": norm_ratio(model, pixels)}
 
     _header(*position, STOCK_NAME, f"seed {seed}, one stage, {steps} steps")
-    with trainer_console_to(os.path.join(folder, "trainer_log.txt")):
+    with trainer_console_to(os.path.join(folder, "trainer_log.txt")), frozen_heap():
         args = sft_args(os.path.join(folder, "model"), steps, config.stage2_lr, config, seed,
                         assistant_only_loss=True, disable_tqdm=not progress)
         trainer = SFTTrainer(model=model, args=args, train_dataset=datasets["instruct"], processing_class=processor)
@@ -391,29 +466,118 @@ def _finished(folder: str) -> dict | None:
         return json.load(handle)
 
 
+# ------------------------------------------------------------------------------------- the runs, in parallel
+
+
+@dataclass(frozen=True)
+class Task:
+    """The runs one process trains together: the rows of one ``stage1_group`` with one seed (stage 1 once), or the
+    stock row with one seed. ``positions``: each row's [index/total] in the progress headers."""
+
+    seed: int
+    keys: tuple
+    positions: tuple
+
+    @property
+    def cost(self) -> int:
+        """Stages to train (the stock row's one long stage counts as two): the longest tasks are handed out first."""
+        return 2 if self.keys == (STOCK_KEY,) else 1 + len(self.keys)
+
+
+def demo_tasks(variants, seeds: list[int]) -> list[Task]:
+    """Every run of the demo as tasks, seed by seed, in the tables' row order."""
+    total = (len(variants) + 1) * len(seeds)
+    tasks, index = [], 0
+    for seed in seeds:
+        groups: dict[tuple, list] = {}
+        positions = {}
+        for variant in variants:
+            index += 1
+            positions[variant.key] = (index, total)
+            groups.setdefault(variant.stage1_group(), []).append(variant)
+        for group in groups.values():
+            tasks.append(Task(seed, tuple(v.key for v in group), tuple(positions[v.key] for v in group)))
+        index += 1
+        tasks.append(Task(seed, (STOCK_KEY,), ((index, total),)))
+    return tasks
+
+
+def default_workers() -> int:
+    """Processes that train runs side by side: one per core, at most 2 (each run uses one torch thread)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
+
+
+def _run_task_here(task: Task, parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
+                   progress: bool) -> list[dict]:
+    if task.keys == (STOCK_KEY,):
+        return [run_stock(parts, datasets, test_rows, paths, config, task.positions[0], progress, task.seed)]
+    by_key = {v.key: v for v in VARIANTS + EXTRA_VARIANTS}
+    return run_group([by_key[k] for k in task.keys], parts, datasets, test_rows, paths, config,
+                     list(task.positions), progress, task.seed)
+
+
+_WORKER_INPUTS: dict = {}  # per worker process: the demo folder's config, parts, datasets and test rows
+
+
+def _worker_task(task: Task, root: str) -> list[dict]:
+    """A task in a worker process: it reads the settings, parts and data the main process wrote to ``root``."""
+    from llava_normaligned.trainer.data import load_llava_json
+
+    with quiet_libraries():
+        if _WORKER_INPUTS.get("root") != root:
+            with open(os.path.join(root, CONFIG_FILE), encoding="utf-8") as handle:
+                config = config_from_dict(json.load(handle))
+            paths = DemoPaths(root)
+            dataset = synthetic.dataset_paths(paths.data)
+            _WORKER_INPUTS.clear()
+            _WORKER_INPUTS.update(
+                root=root, config=config, paths=paths,
+                parts=build_parts(paths.parts, config.parts, progress=False),
+                datasets={"pretrain": load_llava_json(dataset.pretrain, dataset.root),
+                          "instruct": load_llava_json(dataset.instruct, dataset.root)},
+                test_rows=load_test_rows(dataset.test, dataset.root))
+        w = _WORKER_INPUTS
+        with torch_threads(w["config"].threads):
+            return _run_task_here(task, w["parts"], w["datasets"], w["test_rows"], w["paths"], w["config"],
+                                  progress=False)
+
+
+def run_tasks(tasks: list[Task], paths: DemoPaths, config: DemoConfig, workers: int, progress: bool,
+              local) -> dict[str, list[dict]]:
+    """Run the unfinished tasks, in this process (``workers`` 1, or one task left: ``local(task)``) or in
+    ``workers`` spawned processes, longest first. Every run is seeded and single-threaded, so its numbers do not
+    depend on where or in which order it runs. Returns each row key's runs in seed order."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing
+
+    done = {}
+    pending = []
+    for task in tasks:
+        found = [_finished(paths.run(key, task.seed)) for key in task.keys]
+        if all(found):
+            done[task] = found
+        else:
+            pending.append(task)
+    if workers <= 1 or len(pending) <= 1:
+        for task in pending:
+            done[task] = local(task)
+    else:
+        context = multiprocessing.get_context("spawn")  # no forked copy of this process's torch / thread state
+        with ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=context) as pool:
+            futures = {pool.submit(_worker_task, task, paths.root): task
+                       for task in sorted(pending, key=lambda t: -t.cost)}
+            for future in as_completed(futures):
+                done[futures[future]] = future.result()
+    per_run: dict[str, list[dict]] = {}
+    for task in tasks:  # seed by seed: each key's runs come out in seed order
+        for key, row in zip(task.keys, done[task]):
+            per_run.setdefault(key, []).append(row)
+    order = [v.key for v in VARIANTS + EXTRA_VARIANTS] + [STOCK_KEY]
+    return {key: per_run[key] for key in order if key in per_run}
+
+
 # ------------------------------------------------------------------------------------------- over seeds
-
-OPTIMIZER_KEYS = ("grad_norm", "clip_coef")
-OPTIMIZER_PREFIXES = ("grad_norm/", "update_size/", "clip_coef/")
-
-
-def _mean(values):
-    values = list(values)
-    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        return sum(values) / len(values)
-    if values and all(isinstance(v, dict) for v in values):
-        return {k: _mean(v.get(k) for v in values) for k in values[0]}
-    return values[0] if values else None
-
-
-def optimizer_step_stats(records: list[dict]) -> dict:
-    """Per key (pre-clip gradient norms, the clip coefficient, the update sizes), the mean over the logged training
-    steps of one run's stage-2 records, and the first logged step's values."""
-    logged = [r for r in records if (r.get("step") or 0) > 0]
-    keys = [k for k in (logged[0] if logged else {}) if k in OPTIMIZER_KEYS or k.startswith(OPTIMIZER_PREFIXES)]
-    return {"mean": {k: _mean(r[k] for r in logged if k in r) for k in keys},
-            "first": {k: logged[0][k] for k in keys}}
-
 
 def aggregate(runs: list[dict], baseline: list[dict] | None) -> dict:
     """One row of the tables from the runs of one variant (one per seed, in seed order): each accuracy's mean and
@@ -421,7 +585,7 @@ def aggregate(runs: list[dict], baseline: list[dict] | None) -> dict:
     itself), and the means over seeds of the norm ratios, Table 5 statistics, optimizer-step statistics and
     per-layer profiles. The norm-tracking curves (figures) and the checkpoint are the first seed's."""
     from .mechanism import mean_profiles
-    from .stats import mean_interval, paired_difference
+    from .stats import mean_interval, mean_of as _mean, optimizer_step_stats, paired_difference
 
     first = runs[0]
     row = {k: first[k] for k in ("name", "key", "recipe", "model_class", "variant", "training", "steps", "checkpoint",
@@ -588,8 +752,11 @@ def torch_threads(threads: int):
         torch.set_num_threads(before)
 
 
-def run_demo(output_dir: str, config: DemoConfig, progress: bool = True) -> dict:
-    """Run the whole demo into ``output_dir``; returns the results (also written as ``results.json``)."""
+def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers: int | None = None) -> dict:
+    """Run the whole demo into ``output_dir``; returns the results (also written as ``results.json``). ``workers``:
+    processes that train runs side by side (None: ``default_workers()``; 1: all in this process). With more than
+    one, the progress bars of the runs are off (their headers stay)."""
+    workers = default_workers() if workers is None else workers
     from llava_normaligned.trainer.data import load_llava_json
     from .report import write_figures, write_tables
 
@@ -607,20 +774,10 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True) -> dict
         }
         test_rows = load_test_rows(dataset.test, dataset.root)
         variants = VARIANTS + EXTRA_VARIANTS
-        total = (len(variants) + 1) * config.num_seeds
-        per_run: dict[str, list[dict]] = {v.key: [] for v in variants}
-        per_run[STOCK_KEY] = []
-        index = 0
-        for seed in config.seeds:
-            for variant in variants:
-                index += 1
-                done = _finished(paths.run(variant.key, seed))
-                per_run[variant.key].append(done or run_variant(variant, parts, datasets, test_rows, paths, config,
-                                                                (index, total), progress, seed))
-            index += 1
-            done = _finished(paths.run(STOCK_KEY, seed))
-            per_run[STOCK_KEY].append(done or run_stock(parts, datasets, test_rows, paths, config, (index, total),
-                                                        progress, seed))
+        tasks = demo_tasks(variants, config.seeds)
+        per_run = run_tasks(tasks, paths, config, workers, progress,
+                            local=lambda task: _run_task_here(task, parts, datasets, test_rows, paths, config,
+                                                              progress))
         environment_now = environment()
     baseline = per_run[VARIANTS[0].key]
     rows = [aggregate(runs, None if key == VARIANTS[0].key else baseline) for key, runs in per_run.items()]
@@ -651,9 +808,11 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True) -> dict
         "data_and_parts_seconds": data_seconds,
         "runs_seconds": {row["key"]: row["seconds"].get("total") for row in rows},  # summed over seeds
         "torch_threads": config.threads or torch.get_num_threads(),
+        "workers": workers,
         "load_average_start": load_start,
         "load_average_end": os.getloadavg()[0],
-        "note": f"{config.threads or torch.get_num_threads()} torch thread(s); 1-min load average "
+        "note": f"{workers} worker process(es) of {config.threads or torch.get_num_threads()} torch thread(s); "
+                f"1-min load average "
                 f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
     }
     write_figures(results, paths.root)
@@ -673,7 +832,7 @@ def make_parser() -> argparse.ArgumentParser:
         prog="llava-normaligned demo",
         description="The paper's comparison (Tables 4 and 5) at CPU scale on synthetic images: data, tiny models, both "
                     "stages for each variant plus stock LLaVA, results table, figures and the best checkpoint "
-                    f"(the one-seed, five-row version: {stated('demo')}; the three-seed default is not yet timed quietly).",
+                    f"(the default, three seeds of eight rows: {stated('demo')} on a shared machine at load 4-11; see docs/demo.md).",
     )
     parser.add_argument("--output-dir", required=True, help="folder for everything the demo writes")
     parser.add_argument("--quick", action="store_true",
@@ -685,10 +844,13 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stage2-steps", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--llm-layers", type=int, default=None,
-                        help="decoder layers of the tiny LLM (default 2): more depth for the per-layer mechanism to act "
+                        help="decoder layers of the tiny LLM (default 4): more depth for the per-layer mechanism to act "
                              "over; each run then takes longer")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default 1: fastest for these tiny models; 0 = torch's default)")
+                        help="torch threads per run (default 1: fastest for these tiny models; 0 = torch's default)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes that train runs side by side (default: one per core, at most 2; 1 = all in "
+                             "this process). The numbers do not depend on it")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -716,11 +878,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
+        if args.workers is not None and args.workers < 1:
+            raise ValueError(f"--workers must be positive, got {args.workers}")
     except ValueError as error:
         parser.error(str(error))
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     try:
-        results = run_demo(args.output_dir, config, progress=not args.no_progress)
+        results = run_demo(args.output_dir, config, progress=not args.no_progress, workers=args.workers)
     except FileExistsError as error:
         print(f"llava-normaligned demo: error: {error}", file=sys.stderr)
         return 2

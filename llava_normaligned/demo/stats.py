@@ -133,3 +133,31 @@ def paired_difference(values, reference, level: float = 0.95) -> Interval:
         raise ValueError(f"paired_difference needs as many values as references, got {len(values)} and "
                          f"{len(reference)}")
     return mean_interval([v - r for v, r in zip(values, reference)], level)
+
+
+# ------------------------------------------------------------------------------------- the optimizer step per part
+
+OPTIMIZER_KEYS = ("grad_norm", "clip_coef")
+OPTIMIZER_PREFIXES = ("grad_norm/", "update_size/", "clip_coef/")
+
+
+def mean_of(values):
+    """The mean of numbers; of dicts, the mean per key (recursively); otherwise the first value."""
+    values = list(values)
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return sum(values) / len(values)
+    if values and all(isinstance(v, dict) for v in values):
+        return {k: mean_of(v.get(k) for v in values) for k in values[0]}
+    return values[0] if values else None
+
+
+def optimizer_step_stats(records: list[dict]) -> dict:
+    """Per key of the norm-tracking records (pre-clip gradient norms ``grad_norm[/part]``, the clip coefficient
+    ``clip_coef[/part]``, the update sizes ``update_size/<part>``), the mean over the logged training steps (step > 0)
+    of one run's records, and the first logged step's values. The demo's tables and the model card's norm-tracking
+    section both read a run's optimizer step through this."""
+    logged = [r for r in records if isinstance(r, dict) and (r.get("step") or 0) > 0]
+    keys = [k for k in (logged[0] if logged else {}) if k in OPTIMIZER_KEYS or k.startswith(OPTIMIZER_PREFIXES)]
+    return {"mean": {k: mean_of(r[k] for r in logged if k in r) for k in keys},
+            "first": {k: logged[0][k] for k in keys}, "steps": len(logged)}
+
