@@ -12,52 +12,12 @@ processor is not yet the default without torchvision); 5.18.0 passes, as does 5.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
-
 import pytest
-from packaging.version import Version
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def transformers_floor() -> str:
-    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as handle:
-        match = re.search(r'"transformers>=([0-9][0-9.]*)', handle.read())
-    assert match, "pyproject.toml states no transformers floor"
-    return match.group(1)
-
-
-def _pip(*args: str, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
-                          text=True, timeout=timeout)
+from floor_support import floor_of, run_with_release
 
 
 @pytest.mark.slow  # a pip install, then a fresh process: trains twice, saves, loads, generates (112 s, loaded)
 def test_the_transformers_floor_trains_loads_and_generates(tmp_path):
-    floor = transformers_floor()
-    try:
-        listed = _pip("index", "versions", "transformers", timeout=90)
-    except subprocess.TimeoutExpired:
-        pytest.skip("the package registry did not answer (pip index versions transformers)")
-    if listed.returncode != 0:
-        pytest.skip(f"the package registry cannot be reached: {listed.stderr.strip().splitlines()[-1:]}")
-    released = re.search(r"Available versions:\s*(.*)", listed.stdout)
-    assert released and Version(floor) in {Version(v.strip()) for v in released.group(1).split(",")}, \
-        f"transformers {floor} is not a released version"
-
-    target = tmp_path / "transformers-floor"
-    installed = _pip("install", "-q", "--no-deps", "--target", str(target), f"transformers=={floor}", timeout=300)
-    assert installed.returncode == 0, installed.stderr[-2000:]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "transformers_floor_check.py"),
-                          str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-4000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert Version(report["transformers"]) == Version(floor)
-    assert report["transformers_file"].startswith(str(target))
+    report = run_with_release("transformers", floor_of("transformers"), "transformers_floor_check.py", tmp_path)
     assert len(report["stock_losses"]) == 2 and len(report["train_stage_losses"]) == 2
     assert report["collator_labelled"] > 0 and report["loaded"] == "LlavaNormAlignedForConditionalGeneration"

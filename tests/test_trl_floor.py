@@ -10,50 +10,11 @@ it trains on no CPU-only machine; trl 1.16.0 trains."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
-
 import pytest
-from packaging.version import Version
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def trl_floor() -> str:
-    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as handle:
-        match = re.search(r'"trl>=([0-9][0-9.]*)', handle.read())
-    assert match, "pyproject.toml states no trl floor"
-    return match.group(1)
-
-
-def _pip(*args: str, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
-                          text=True, timeout=timeout)
+from floor_support import floor_of, run_with_release
 
 
 @pytest.mark.slow  # a pip install and a fresh process: 99 s on a loaded 2-core machine
 def test_the_trl_floor_trains_stage2_with_assistant_only_loss(tmp_path):
-    floor = trl_floor()
-    try:
-        listed = _pip("index", "versions", "trl", timeout=90)
-    except subprocess.TimeoutExpired:
-        pytest.skip("the package registry did not answer (pip index versions trl)")
-    if listed.returncode != 0:
-        pytest.skip(f"the package registry cannot be reached: {listed.stderr.strip().splitlines()[-1:]}")
-    released = re.search(r"Available versions:\s*(.*)", listed.stdout)
-    assert released and Version(floor) in {Version(v.strip()) for v in released.group(1).split(",")}, \
-        f"trl {floor} is not a released version"
-
-    target = tmp_path / "trl-floor"
-    installed = _pip("install", "-q", "--no-deps", "--target", str(target), f"trl=={floor}", timeout=300)
-    assert installed.returncode == 0, installed.stderr[-2000:]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "trl_floor_check.py"), str(tmp_path / "work")],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-4000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert Version(report["trl"]) == Version(floor) and report["trl_file"].startswith(str(target))
+    report = run_with_release("trl", floor_of("trl"), "trl_floor_check.py", tmp_path)
     assert len(report["stock_losses"]) == 2 and len(report["train_stage_losses"]) == 2
