@@ -523,15 +523,15 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
     ax.axhline(chance, color="black", linestyle=":", label=f"chance ({chance:.2f})")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([row["name"].replace(", ", ",\n").replace(" (", "\n(") for row in rows], fontsize=7)
-    ax.set_ylabel("test accuracy (mean over templates and seeds; bars: 95% interval)")
+    ax.set_ylabel("test accuracy\n(mean over templates and seeds;\nerror bars: 95% interval)", fontsize=9)
     ax.set_ylim(0, 1.08)  # room for a value label on a bar at 1.0
     # above the axes, where no bar is: inside, it covered the last (stock) bars
     ax.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     save(fig, "accuracy")
 
-    for name, curve, ylabel in (("layer_norm", "norm", "mean token norm ||h_l|| (log)"),
-                                ("layer_cos", "cos_to_prev", "cos(h_l, h_{l-1})")):
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, curve, ylabel in (("layer_norm", "norm", r"mean token norm $\|h_l\|$ (log)"),
+                                ("layer_cos", "cos_to_prev", r"$\cos(h_l, h_{l-1})$")):
+        fig, ax = plt.subplots(figsize=(10, 4.2))
         for row in rows:
             layers = row["layers"]["layers"]
             for modality, style in (("vision", "-"), ("text", "--")):
@@ -545,7 +545,8 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
         ax.set_xlabel("LLM layer (0: its input); solid: vision tokens, dashed: text tokens")
         ax.set_ylabel(ylabel)
         ax.set_title("after stage 2, mean over seeds")
-        ax.legend(fontsize=5, ncol=2)
+        # beside the axes: inside, it covered the curves (w/o Norm's vision tokens run along the top)
+        ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
         save(fig, name)
     return paths
 
