@@ -565,11 +565,14 @@ def measured_section(results: dict, command: str = DEMO_COMMAND) -> str:
     layers = results["setup"]["config"]["parts"]["text"]["num_hidden_layers"]
     steps = results["setup"]["config"]
     baseline = next(r["name"] for r in results["rows"] if r["key"] == results["baseline_key"])
+    cores = os.cpu_count() or 2
+    busy = max(timing["load_average_start"], timing["load_average_end"]) > cores + 1  # the demo itself loads every core
+    load_note = "other jobs running, so not a quiet timing" if busy else "no other job running"
     head = (f"Measured by `{command}` (seeds {seeds}; {layers}-layer LLM, {steps['stage1_steps']} + "
-            f"{steps['stage2_steps']} steps): {timing['total_seconds']:.0f} s wall on the project's shared 2-core "
+            f"{steps['stage2_steps']} steps): {timing['total_seconds']:.0f} s wall on the project's 2-core "
             f"machine, {timing.get('workers', 1)} worker process(es), 1-minute load average "
-            f"{timing['load_average_start']:.1f} at the start and {timing['load_average_end']:.1f} at the end (other "
-            f"jobs running, so not a quiet timing); torch {env.get('torch')}, CPU capability "
+            f"{timing['load_average_start']:.1f} at the start and {timing['load_average_end']:.1f} at the end "
+            f"({load_note}); torch {env.get('torch')}, CPU capability "
             f"{env.get('cpu_capability')}, {env.get('torch_threads')} torch thread(s) per run. Real- and blank-image "
             "average accuracy, mean ± 95% interval over the seeds, and the paired difference to w/o Norm (* = its "
             "interval excludes 0), as `results.md` prints it:")

@@ -1,7 +1,7 @@
 """The CPU demo: the paper's comparison (Li et al., arXiv 2512.08374, Tables 4 and 5) at CPU scale, one command.
 
-    llava-normaligned demo --output-dir ./demo            # 3 seeds x 8 rows: about 46 minutes on 2 CPU cores (measured 2741 s) at load 4-11
-    llava-normaligned demo --output-dir ./demo-ci --quick # about 3 minutes on 2 CPU cores (measured 76-336 s) at load 4-13: 2 x 8 runs, for CI
+    llava-normaligned demo --output-dir ./demo            # 3 seeds x 8 rows: about 7 minutes on 2 CPU cores (measured 417 s)
+    llava-normaligned demo --output-dir ./demo-ci --quick # about 40 s on 2 CPU cores (measured 38 s): 2 x 8 runs, for CI
 
 Nothing is downloaded. In order:
 
@@ -832,7 +832,7 @@ def make_parser() -> argparse.ArgumentParser:
         prog="llava-normaligned demo",
         description="The paper's comparison (Tables 4 and 5) at CPU scale on synthetic images: data, tiny models, both "
                     "stages for each variant plus stock LLaVA, results table, figures and the best checkpoint "
-                    f"(the default, three seeds of eight rows: {stated('demo')} on a shared machine at load 4-11; see docs/demo.md).",
+                    f"(the default, three seeds of eight rows: {stated('demo')} with no other job running; see docs/demo.md).",
     )
     parser.add_argument("--output-dir", required=True, help="folder for everything the demo writes")
     parser.add_argument("--quick", action="store_true",
