@@ -60,3 +60,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def stock_model_dir(tiny_parts, tmp_path_factory):
+    """A stock transformers ``LlavaForConditionalGeneration`` folder holding the same tiny parts and the same
+    projector MLP as the aligned model, without the norm (paper: w/o Norm)."""
+    from llava_normaligned.compose import compose, stock_llava_like
+
+    out = str(tmp_path_factory.mktemp("tiny_stock"))
+    composed, processor = compose(*tiny_parts, projector_norm=None)
+    stock_llava_like(composed).save_pretrained(out)
+    processor.save_pretrained(out)
+    return out

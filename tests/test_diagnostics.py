@@ -29,19 +29,6 @@ LAYER_STATS = ("norm", "cos_to_layer0", "cos_to_prev", "update_abs", "update_rel
 
 
 @pytest.fixture(scope="module")
-def stock_model_dir(tiny_parts, tmp_path_factory):
-    """A stock transformers ``LlavaForConditionalGeneration`` folder holding the same tiny parts and the same
-    projector MLP as the aligned model, without the norm (paper: w/o Norm)."""
-    from llava_normaligned.compose import compose, stock_llava_like
-
-    out = str(tmp_path_factory.mktemp("tiny_stock"))
-    composed, processor = compose(*tiny_parts, projector_norm=None)
-    stock_llava_like(composed).save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def cli_run(tiny_model_dir, stock_model_dir, tmp_path_factory):
     """One end-to-end CLI run with a baseline: 3 samples in batches of 2 (a padded, ragged last batch)."""
     out = str(tmp_path_factory.mktemp("diagnostics"))

@@ -19,20 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
-def stock_dir(tiny_parts, tmp_path_factory):
-    from llava_normaligned.compose import compose, stock_llava_like
-
-    out = str(tmp_path_factory.mktemp("stock"))
-    composed, processor = compose(*tiny_parts, projector_norm=None)
-    stock_llava_like(composed).save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def run(tiny_model_dir, stock_dir, tmp_path_factory):
+def run(tiny_model_dir, stock_model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("diag"))
-    assert main([tiny_model_dir, "--baseline", stock_dir, "--output-dir", out, "--max-samples", "2",
+    assert main([tiny_model_dir, "--baseline", stock_model_dir, "--output-dir", out, "--max-samples", "2",
                  "--max-new-tokens", "2", "--no-plots", "--no-progress"]) == 0
     with open(os.path.join(out, "diagnostics.json"), encoding="utf-8") as f:
         document = json.load(f)
