@@ -5,6 +5,8 @@ the floor measured in the same run; the end-to-end 2-step ``train`` runs; and th
     python benchmarks/bench_data.py --sizes full --e2e                      # + 2-step `train`, first and second run
     python benchmarks/bench_data.py --collator                              # the collator vs TRL's, SigLIP-384
     python benchmarks/bench_data.py --sizes 10000 --kinds pretrain --drop-caches   # cold files (root, Linux)
+    python benchmarks/bench_data.py --sizes full --kinds pretrain --no-phases --image-checks --drop-caches
+                                            # each --check-images mode alone on cold files, a process each
 
 Data (``scale_data.py``, generated once into ``--workdir`` and reused): LLaVA-558K-shaped rows (one image, short
 captions, images in ~1,000-file folders) and mix665k-shaped rows (multi-turn, long answers, ~6% text-only
@@ -255,6 +257,41 @@ def print_phases(result: dict) -> None:
     print(f"  peak RSS MiB: {result['peak_rss_mib_phases']}")
 
 
+def image_check_child(args) -> dict:
+    """``load_llava_json`` once with one ``--check-images`` mode and no cache, in this fresh process: the parse and
+    the image check, the page cache dropped first when asked (every image file cold)."""
+    from llava_normaligned.trainer.data import load_llava_json
+
+    path, images = dataset_files(args.workdir, args.kind, args.n)
+    dropped = drop_caches() if args.drop_caches else False
+    start = time.perf_counter()
+    _, report = load_llava_json(path, images, check_images=args.check_images, return_report=True)
+    wall = time.perf_counter() - start
+    return {"kind": args.kind, "rows": args.n, "mode": args.check_images, "resolved_mode": report.image_check,
+            "drop_caches": dropped, "wall_s": round(wall, 2), **{k: round(v, 2) for k, v in report.seconds.items()},
+            "rows_kept": report.rows_kept, "peak_rss_mib": peak_rss_mib()["main_process"]}
+
+
+def run_image_checks(args, kind: str, n_rows: int) -> list[dict]:
+    """Each image-check mode on the same files, cold when ``--drop-caches``: ``none`` (the parse alone), ``exists``,
+    ``open``, and the default ``auto``."""
+    results = []
+    for mode in ("none", "exists", "open", "auto"):
+        command = [sys.executable, os.path.abspath(__file__), "--_image-check-child", "--kind", kind, "--n",
+                   str(n_rows), "--workdir", args.workdir, "--check-images", mode]
+        if args.drop_caches:
+            command.append("--drop-caches")
+        out = subprocess.run(command, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"image check {mode} on {kind} x {n_rows} failed:\n{out.stderr[-4000:]}")
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"  images {kind} x {n_rows} --check-images {mode} ({result['resolved_mode']}, "
+              f"{'cold' if result['drop_caches'] else 'warm'}): image check {result.get('image_check', 0.0):.1f} s, "
+              f"parse {result.get('parse', 0.0):.1f} s, wall {result['wall_s']:.1f} s", flush=True)
+        results.append(result)
+    return results
+
+
 # ------------------------------------------------------------------------------------------------- end to end
 
 
@@ -418,12 +455,15 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drop-caches", action="store_true", help="cold files: drop the page cache first (root)")
     parser.add_argument("--no-phases", action="store_true", help="skip the phase timings")
     parser.add_argument("--e2e", action="store_true", help="also time 2-step `train` runs at the largest size")
+    parser.add_argument("--image-checks", action="store_true",
+                        help="each --check-images mode alone (parse + check, a fresh process each) at the largest size")
     parser.add_argument("--collator", action="store_true", help="the collator at the paper's shapes vs TRL's")
     parser.add_argument("--collator-rows", type=int, default=256)
     parser.add_argument("--collator-batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--name", default=None, help="results file: benchmarks/results/bench_data_<name>.json")
     parser.add_argument("--_phase-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_image-check-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     return parser
@@ -439,6 +479,9 @@ def main(argv=None) -> int:
         logging.basicConfig(level=logging.WARNING)
         print(json.dumps(phase_child(args)))
         return 0
+    if args._image_check_child:
+        print(json.dumps(image_check_child(args)))
+        return 0
     kinds = [k for k in args.kinds.split(",") if k]
     name = args.name or ("collator" if args.no_phases and args.collator and not args.e2e else "scale")
     out = os.path.join(HERE, "results", f"bench_data_{name}.json")
@@ -450,7 +493,7 @@ def main(argv=None) -> int:
     results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                            "load_average_at_start": list(os.getloadavg())},
                "command": " ".join(["python benchmarks/bench_data.py", *(argv if argv is not None else sys.argv[1:])]),
-               "max_length": MAX_LENGTH, "phases": [], "end_to_end": []}
+               "max_length": MAX_LENGTH, "phases": [], "end_to_end": [], "image_checks": []}
     for kind in kinds:
         sizes = [FULL[kind] if s == "full" else int(s) for s in args.sizes.split(",") if s]
         if not args.no_phases:
@@ -459,6 +502,9 @@ def main(argv=None) -> int:
                 print_phases(result)
                 results["phases"].append(result)
                 write()
+        if args.image_checks:
+            results["image_checks"].extend(run_image_checks(args, kind, max(sizes)))
+            write()
         if args.e2e:
             results["end_to_end"].append(end_to_end(args, kind, max(sizes)))
             write()

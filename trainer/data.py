@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -564,24 +565,18 @@ def _image_refs(dataset, positions: np.ndarray) -> ImageRefs:
 # ----------------------------------------------------------------------------------------------- LLaVA JSON
 
 
-def _read_file(path: str) -> bytes:
+READ_BLOCK = 1 << 24  # bytes read at a time: a JSON file is parsed row by row, never held whole
+
+
+def _check_file(path: str) -> None:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file not found: {path}")
+
+
+def _parse_json_rows_whole(path: str) -> list:
+    """The whole-file parse (``json.loads``): the reference for ``_iter_json_rows``, whose error messages it gives."""
     with open(path, "rb") as handle:
-        return handle.read()
-
-
-def _parse_json_rows(path: str, raw: bytes) -> list:
-    """The rows of a LLaVA JSON file (a list) or a JSON-lines file (one object per line)."""
-    if path.endswith(".jsonl"):
-        rows = []
-        for number, line in enumerate(raw.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}, line {number}: not valid JSON ({err})") from None
-        return rows
+        raw = handle.read()
     try:
         rows = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -591,17 +586,118 @@ def _parse_json_rows(path: str, raw: bytes) -> list:
     return rows
 
 
-def _parse_llava_file(rows: list, path: str, file_index: int, image_folder, columns: _Columns, report: DataReport,
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_DELIMITERS = frozenset(" \t\n\r,]")
+
+
+class _TextBlocks:
+    """A file's text, decoded ``block`` bytes at a time: ``text`` holds what is not yet consumed."""
+
+    def __init__(self, handle, block: int, encoding: str):
+        import codecs
+
+        self.handle, self.block = handle, block
+        self.decode = codecs.getincrementaldecoder(encoding)().decode
+        self.text, self.eof = "", False
+
+    def more(self, keep_from: int) -> bool:
+        """Drop ``text[:keep_from]`` and append the next block; ``False`` (nothing changed) at the end of the file."""
+        if self.eof:
+            return False
+        data = self.handle.read(self.block)
+        self.eof = not data
+        self.text = self.text[keep_from:] + self.decode(data, final=self.eof)
+        return True
+
+
+def _list_elements(blocks: _TextBlocks):
+    """Yield the elements of the JSON list in ``blocks``; returns whether the text was one whole list."""
+    skip, raw_decode = _WHITESPACE.match, json.JSONDecoder().raw_decode
+
+    def settle(position: int) -> int:  # the next non-whitespace character (-1: the end of the file)
+        while True:
+            position = skip(blocks.text, position).end()
+            if position < len(blocks.text):
+                return position
+            if not blocks.more(position):
+                return -1
+            position = 0
+
+    position = settle(0)
+    if position < 0 or blocks.text[position] != "[":
+        return False
+    position = settle(position + 1)
+    if position >= 0 and blocks.text[position] == "]":
+        return settle(position + 1) < 0
+    while position >= 0:
+        try:
+            value, end = raw_decode(blocks.text, position)
+            # a value ends at a delimiter; "1." or "1.5e" at a piece's end is a number that goes on in the next
+            whole = blocks.eof or (end < len(blocks.text) and blocks.text[end] in _DELIMITERS)
+        except json.JSONDecodeError:
+            if blocks.eof:
+                return False
+            whole = False  # most likely cut by the block's end: read on
+        if not whole:
+            if blocks.more(position):
+                position = 0
+            continue
+        yield value
+        position = settle(end)
+        if position < 0:
+            return False
+        if blocks.text[position] == "]":
+            return settle(position + 1) < 0
+        if blocks.text[position] != ",":
+            return False
+        position = settle(position + 1)
+    return False
+
+
+def _iter_json_rows(path: str, block: int = READ_BLOCK):
+    """The rows of a LLaVA JSON file (a list) or a JSON-lines file (one object per line), one at a time.
+
+    A ``.json`` list is decoded element by element from ``block``-byte pieces of the file
+    (``json.JSONDecoder.raw_decode``, the C scanner of ``json.loads``): memory holds one piece and the rows not yet
+    converted, never every row's objects at once (``json.loads`` of a 0.86 GB mix665k-shaped file peaks at 4.4 GB).
+    A file that is not one UTF-8 JSON list is handed to ``json.loads`` whole, whose error names the problem."""
+    if path.endswith(".jsonl"):
+        with open(path, "rb") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                        raise DataError(f"{path}, line {number}: not valid JSON ({err})") from None
+        return
+    with open(path, "rb") as handle:
+        encoding = json.detect_encoding(handle.read(4))
+        handle.seek(0)
+        if encoding in ("utf-8", "utf-8-sig"):
+            try:
+                whole = yield from _list_elements(_TextBlocks(handle, block, encoding))
+            except UnicodeDecodeError:
+                whole = False
+            if whole:
+                return
+        elif encoding:
+            yield from _parse_json_rows_whole(path)  # UTF-16/32: json.loads reads them
+            return
+    _parse_json_rows_whole(path)  # raises, naming the problem
+    raise DataError(f"{path}: not valid JSON (not one list of rows)")
+
+
+def _parse_llava_file(rows, path: str, file_index: int, image_folder, columns: _Columns, report: DataReport,
                       on_bad_row: str) -> None:
-    """Check and convert each row (one pass, the JSON objects freed as they are converted). The common row (a
+    """Check and convert each row of the iterable ``rows`` (one pass, each JSON object freed once converted). The common row (a
     human turn first, string values, known roles) takes the fused loop below; anything else goes through
     ``_llava_messages``, which names the problem."""
     base = os.path.basename(path)
     prefix = os.path.join(image_folder, "") if image_folder is not None else None
     roles = LLAVA_ROLES
     add = columns.add
-    for index in range(len(rows)):
-        raw, rows[index] = rows[index], None  # freed as converted: the Arrow columns replace the JSON objects
+    index = -1
+    for index, raw in enumerate(rows):  # freed as converted: the Arrow columns replace the JSON objects
         try:
             if type(raw) is not dict:
                 raise _RowProblem(f"a row must be a JSON object, got {type(raw).__name__}")
@@ -644,17 +740,20 @@ def _parse_llava_file(rows: list, path: str, file_index: int, image_folder, colu
             continue
         row_id = raw.get("id")
         add(str(row_id) if row_id is not None else f"{base}:{index}", messages, images, file_index, index)
-    report.rows_read += len(rows)
+    report.rows_read += index + 1
 
 
-def _loaded_key(parts: list, data: list[bytes]) -> str:
+def _loaded_key(parts: list, files: list[str]) -> str:
+    """A hash of ``parts`` and the bytes of ``files`` (read ``READ_BLOCK`` at a time, never whole)."""
     digest = hashlib.blake2b(digest_size=16)
     for part in [LOADED_FORMAT, *parts]:
         digest.update(repr(part).encode("utf-8"))
         digest.update(b"\0")
-    for blob in data:
-        digest.update(len(blob).to_bytes(8, "little"))
-        digest.update(blob)
+    for path in files:
+        digest.update(os.path.getsize(path).to_bytes(8, "little"))
+        with open(path, "rb") as handle:
+            while block := handle.read(READ_BLOCK):
+                digest.update(block)
     return digest.hexdigest()
 
 
@@ -735,13 +834,13 @@ def load_llava_json(
     paths = split_paths(data_path)
     report = DataReport(sources=list(paths))
     start = time.perf_counter()
-    raw = [_read_file(path) for path in paths]
+    for path in paths:
+        _check_file(path)
     folder = os.path.abspath(image_folder) if image_folder is not None else None
-    key = _loaded_key(["llava-json", [os.path.basename(p) for p in paths], folder, on_bad_row], raw)
+    key = _loaded_key(["llava-json", [os.path.basename(p) for p in paths], folder, on_bad_row], paths)
     found = _cached(cache_dir, key)
     if found is not None:
         loaded, saved = found
-        raw = None
         for name in PARSE_FIELDS:
             setattr(report, name, saved[name])
         report.read_from_cache = True
@@ -749,11 +848,7 @@ def load_llava_json(
     else:
         columns = _Columns()
         for file_index, path in enumerate(paths):
-            blob, raw[file_index] = raw[file_index], None
-            rows = _parse_json_rows(path, blob)
-            del blob
-            _parse_llava_file(rows, path, file_index, image_folder, columns, report, on_bad_row)
-            del rows
+            _parse_llava_file(_iter_json_rows(path), path, file_index, image_folder, columns, report, on_bad_row)
         report.seconds["parse"] = log_phase("LLaVA JSON parsed", report.rows_read, start)
         loaded = _store(cache_dir, key, columns.table(), _features(provenance=True),
                         {name: getattr(report, name) for name in PARSE_FIELDS})
