@@ -57,6 +57,7 @@ MARKED_TEMPLATE_HINT = (
 
 
 SLOT = "@@llava-normaligned text {}@@"
+_UNFITTED = object()  # a shape whose skeleton has not been fitted yet
 VERIFY_EVERY = 128  # fast-rendered rows compared with jinja's rendering: each shape's first row and one in this many
 
 # How a template may write a message's content: as given or stripped (jinja's `trim` is str.strip()).
@@ -102,6 +103,19 @@ class _Skeleton:
         for rule, text, segment in zip(self.rules, texts, self.segments[1:]):
             out += (rule(text), segment)
         return "".join(out)
+
+    def fill_at(self, texts: list[str]) -> tuple[str, list[int], list[int]]:
+        """``fill`` with where each slot's content starts and ends in the text."""
+        out, starts, ends = [self.segments[0]], [], []
+        position = len(self.segments[0])
+        for rule, text, segment in zip(self.rules, texts, self.segments[1:]):
+            piece = rule(text)
+            starts.append(position)
+            position += len(piece)
+            ends.append(position)
+            out += (piece, segment)
+            position += len(segment)
+        return "".join(out), starts, ends
 
 
 def _shape(parts: list[dict]) -> tuple:
@@ -244,6 +258,8 @@ class ConversationRenderer:
         self.fast = literals is not None
         self._literals = literals or ()
         self._skeletons: dict[tuple, _Skeleton | None] = {}
+        # texts the fast path must not lay into a skeleton: a slot placeholder's prefix, a tested literal
+        self._refused = (SLOT[:12], *self._literals)
         self.rows_fast = self.rows_jinja = 0
         self._verified: set[tuple] = set()
 
@@ -256,13 +272,12 @@ class ConversationRenderer:
         state.update(_skeletons={}, rows_fast=0, rows_jinja=0, _verified=set())
         return state
 
-    def _skeleton(self, parts: list[dict]) -> _Skeleton | None:
-        """The shape's skeleton and content rules (module docstring), or ``None``: rows of this shape go through
-        jinja."""
-        shape = _shape(parts)
-        if shape not in self._skeletons:
-            self._skeletons[shape] = self._fit_skeleton(parts)
-        return self._skeletons[shape]
+    def _skeleton(self, key: tuple, parts: list[dict]) -> _Skeleton | None:
+        """The skeleton and content rules of the shape ``key`` (module docstring), or ``None``: rows of this shape
+        go through jinja."""
+        if key not in self._skeletons:
+            self._skeletons[key] = self._fit_skeleton(parts)
+        return self._skeletons[key]
 
     def _fit_skeleton(self, parts: list[dict]) -> _Skeleton | None:
         slots = [SLOT.format(k) for k in range(len(_texts(parts)))]
@@ -285,28 +300,67 @@ class ConversationRenderer:
             return None
         return _Skeleton(segments, tuple(rules[0][1] for rules in allowed))
 
-    def _fast_render(self, parts: list[dict], name: str) -> tuple[str, list[tuple[int, int]]] | None:
-        texts = _texts(parts)
-        if any(not text.strip() or SLOT[:12] in text or any(lit in text for lit in self._literals) for text in texts):
-            return None
-        shape = _shape(parts)
-        skeleton = self._skeleton(parts)
+    def _fast_render(self, messages: list[dict], n_images: int, name: str
+                     ) -> tuple[str, list[tuple[int, int]]] | None:
+        """The row laid into its shape's skeleton, with its answer spans, or ``None`` (jinja renders it).
+
+        Works on the string-content messages: every message is one text slot, the images come before the first
+        user text (``template_messages``), so the roles and the image count are the shape."""
+        texts = [message["content"] for message in messages]
+        joined = "\0".join(texts)  # one search per refused text (a match across two contents: jinja, safe)
+        for refused in self._refused:
+            if refused in joined:
+                return None
+        for text in texts:
+            if not text or text.isspace():  # blank: jinja renders it (templates treat it apart)
+                return None
+        roles = tuple(message["role"] for message in messages)
+        key = (n_images, roles)
+        skeleton = self._skeletons.get(key, _UNFITTED)
+        if skeleton is _UNFITTED:
+            skeleton = self._skeleton(key, template_messages(messages, n_images))
         if skeleton is None:
             return None
-        answers = [k for k, message in enumerate(parts) if message["role"] == "assistant"]
-        placeholders = iter(PLACEHOLDER.format(k) for k in range(len(answers)))
-        slot_of_message = [k for k, message in enumerate(parts) for item in message["content"] if item["type"] == "text"]
-        probe_texts = [next(placeholders) if parts[m]["role"] == "assistant" else text
-                       for m, text in zip(slot_of_message, texts)]
-        text = skeleton.fill(texts)
-        spans = self._located_spans(parts, text, name, probe_text=skeleton.fill(probe_texts))
+        text, starts, ends = skeleton.fill_at(texts)
+        spans = self._spans_at(text, [k for k, role in enumerate(roles) if role == "assistant"], starts, ends)
+        parts = None
+        if spans is None:
+            parts = template_messages(messages, n_images)
+            spans = self._located_spans(parts, text, name)
         self.rows_fast += 1
-        if shape not in self._verified or self.rows_fast % VERIFY_EVERY == 0:
-            self._verified.add(shape)
+        if key not in self._verified or self.rows_fast % VERIFY_EVERY == 0:
+            self._verified.add(key)
+            parts = parts or template_messages(messages, n_images)
             exact = self._render(parts)[0]
             if exact != text or self._located_spans(parts, exact, name) != spans:
                 raise FastRenderMismatch(f"{name}: the fast rendering differs from the chat template's")
         return text, spans
+
+    def _spans_at(self, text: str, answers: list[int], starts: list[int], ends: list[int]
+                  ) -> list[tuple[int, int]] | None:
+        """``_located_spans`` of a fast-rendered row, from where its answers' contents lie: the same spans (the
+        same header and end-of-turn rules, and an answer ends where the placeholder rendering's following text is
+        first found, as there); ``None`` where that search would find another place (then ``_located_spans``)."""
+        spans, position = [], 0
+        for k, slot in enumerate(answers):
+            start, end = starts[slot], ends[slot]
+            if k + 1 < len(answers):  # the text up to the next answer: first found at this answer's end?
+                if text.find(text[end:starts[answers[k + 1]]], start) != end:
+                    return None
+            turn_start = position
+            if self.header:
+                header_at = text.rfind(self.header, turn_start, start)
+                if header_at >= 0:
+                    start = header_at + len(self.header)
+            stop = end
+            if self.end_of_turn:
+                if not text.startswith(self.end_of_turn, end):
+                    return None
+                stop += len(self.end_of_turn)
+            if stop > start:
+                spans.append((start, stop))
+            position = end
+        return spans
 
     def _render(self, messages: list[dict], add_generation_prompt: bool = False, markers: bool = False):
         rendered, spans = render_jinja_template(
@@ -344,15 +398,15 @@ class ConversationRenderer:
         return header, end_of_turn
 
     def render(self, messages: list[dict], n_images: int, name: str = "row") -> tuple[str, list[tuple[int, int]]]:
-        parts = template_messages(messages, n_images)
         if self.uses_markers:
-            text, spans = self._render(parts, markers=True)
+            text, spans = self._render(template_messages(messages, n_images), markers=True)
             spans = [(int(s), int(e)) for s, e in spans if e > s]
         else:
-            fast = self._fast_render(parts, name) if self.fast else None
+            fast = self._fast_render(messages, n_images, name) if self.fast else None
             if fast is not None:
                 text, spans = fast
             else:
+                parts = template_messages(messages, n_images)
                 self.rows_jinja += 1
                 text, _ = self._render(parts)
                 spans = self._located_spans(parts, text, name)
