@@ -266,18 +266,23 @@ def _image_list_array(paths_per_row: list[list[str]]):
 
 
 class _Columns:
-    """Parsed rows gathered as Arrow record batches, ``CHUNK_ROWS`` at a time (the Python objects are freed)."""
+    """Parsed rows gathered as Arrow record batches, ``CHUNK_ROWS`` at a time (the Python objects are freed). A
+    row's messages are kept as its roles and contents, flat across rows, and become the list-of-struct column at
+    once (no dict per message)."""
 
     def __init__(self):
         self.batches = []
         self._reset()
 
     def _reset(self):
-        self.ids, self.messages, self.images, self.files, self.rows = [], [], [], [], []
+        self.ids, self.roles, self.contents, self.turns, self.images, self.files, self.rows = [], [], [], [], [], [], []
 
-    def add(self, row_id: str, messages: list[dict], images: list[str], file_index: int, row_index: int) -> None:
+    def add(self, row_id: str, roles: list[str], contents: list[str], images: list[str], file_index: int,
+            row_index: int) -> None:
         self.ids.append(row_id)
-        self.messages.append(messages)
+        self.roles += roles
+        self.contents += contents
+        self.turns.append(len(roles))
         self.images.append(images)
         self.files.append(file_index)
         self.rows.append(row_index)
@@ -289,8 +294,13 @@ class _Columns:
 
         if not self.ids:
             return
+        offsets = np.zeros(len(self.turns) + 1, dtype=np.int32)
+        np.cumsum(self.turns, out=offsets[1:])
+        messages = pa.ListArray.from_arrays(pa.array(offsets), pa.StructArray.from_arrays(
+            [pa.array(self.roles, type=pa.string()), pa.array(self.contents, type=pa.string())],
+            names=["role", "content"]))
         self.batches.append(pa.RecordBatch.from_arrays(
-            [pa.array(self.ids, type=pa.string()), pa.array(self.messages, type=_message_type()),
+            [pa.array(self.ids, type=pa.string()), messages.cast(_message_type()),
              _image_list_array(self.images), pa.array(self.files, type=pa.int32()),
              pa.array(self.rows, type=pa.int64())],
             names=["id", "messages", "images", "source_file", "source_row"],
@@ -612,7 +622,7 @@ class _TextBlocks:
 
 def _list_elements(blocks: _TextBlocks):
     """Yield the elements of the JSON list in ``blocks``; returns whether the text was one whole list."""
-    skip, raw_decode = _WHITESPACE.match, json.JSONDecoder().raw_decode
+    skip, scan = _WHITESPACE.match, json.JSONDecoder().scan_once  # scan_once: raw_decode without its wrapper
 
     def settle(position: int) -> int:  # the next non-whitespace character (-1: the end of the file)
         while True:
@@ -630,19 +640,25 @@ def _list_elements(blocks: _TextBlocks):
     if position >= 0 and blocks.text[position] == "]":
         return settle(position + 1) < 0
     while position >= 0:
+        text = blocks.text
         try:
-            value, end = raw_decode(blocks.text, position)
+            value, end = scan(text, position)
             # a value ends at a delimiter; "1." or "1.5e" at a piece's end is a number that goes on in the next
-            whole = blocks.eof or (end < len(blocks.text) and blocks.text[end] in _DELIMITERS)
-        except json.JSONDecodeError:
+            whole = blocks.eof or (end < len(text) and text[end] in _DELIMITERS)
+        except (StopIteration, json.JSONDecodeError):
             if blocks.eof:
                 return False
-            whole = False  # most likely cut by the block's end: read on
+            whole = False  # most likely cut by the piece's end: read on
         if not whole:
             if blocks.more(position):
                 position = 0
             continue
         yield value
+        if text.startswith(",", end):  # the common case: the next row follows
+            position = skip(text, end + 1).end()
+            if position >= len(text):
+                position = settle(position)
+            continue
         position = settle(end)
         if position < 0:
             return False
@@ -689,9 +705,9 @@ def _iter_json_rows(path: str, block: int = READ_BLOCK):
 
 def _parse_llava_file(rows, path: str, file_index: int, image_folder, columns: _Columns, report: DataReport,
                       on_bad_row: str) -> None:
-    """Check and convert each row of the iterable ``rows`` (one pass, each JSON object freed once converted). The common row (a
-    human turn first, string values, known roles) takes the fused loop below; anything else goes through
-    ``_llava_messages``, which names the problem."""
+    """Check and convert each row of the iterable ``rows`` (one pass, each JSON object freed once converted). The
+    common row (a human turn first, string values, known roles) takes the fused loop below; anything else goes
+    through ``_llava_messages``, which names the problem."""
     base = os.path.basename(path)
     prefix = os.path.join(image_folder, "") if image_folder is not None else None
     roles = LLAVA_ROLES
@@ -704,31 +720,34 @@ def _parse_llava_file(rows, path: str, file_index: int, image_folder, columns: _
             image = raw.get("image")
             images = [] if image is None else [image] if type(image) is str else _llava_images(raw)
             turns = raw.get("conversations")
-            messages = None
+            roles_of = contents = None
             if type(turns) is list and turns:
-                messages, tags, seen = [], 0, 0
+                roles_of, contents, tags, seen = [], [], 0, 0
                 for turn in turns:  # fast path; any surprise falls back to the checked conversion
                     if type(turn) is not dict:
-                        messages = None
+                        roles_of = None
                         break
                     role, value = roles.get(turn.get("from")), turn.get("value")
                     if role is None or type(value) is not str:
-                        messages = None
+                        roles_of = None
                         break
                     if "<image>" in value:
                         if role != "user":
-                            messages = None
+                            roles_of = None
                             break
                         tags += value.count("<image>")
                         value = value.replace("<image>", "").strip()
                     seen |= 1 if role == "user" else 2 if role == "assistant" else 0
-                    messages.append({"role": role, "content": value})
-                leading = messages[1 if messages and messages[0]["role"] == "system" else 0:][:1] if messages else []
-                if messages is not None and ((leading and leading[0]["role"] == "assistant") or seen != 3
-                                             or tags != len(images) and (tags or not images)):
-                    messages = None  # a leading answer to drop, a missing role, tags that do not match: checked
-            if messages is None:
+                    roles_of.append(role)
+                    contents.append(value)
+                if roles_of is not None:
+                    first = 1 if roles_of[0] == "system" else 0
+                    if ((len(roles_of) > first and roles_of[first] == "assistant") or seen != 3
+                            or tags != len(images) and (tags or not images)):
+                        roles_of = None  # a leading answer to drop, a missing role, tags that do not match: checked
+            if roles_of is None:
                 messages = _llava_messages(turns, len(images), report)
+                roles_of, contents = [m["role"] for m in messages], [m["content"] for m in messages]
             if images:
                 if prefix is not None:
                     images = [i if i.startswith("/") else prefix + i for i in images]
@@ -739,7 +758,7 @@ def _parse_llava_file(rows, path: str, file_index: int, image_folder, columns: _
             _bad_row(DataError(f"{_row_name(path, index, row_id)}: {err}"), on_bad_row, report)
             continue
         row_id = raw.get("id")
-        add(str(row_id) if row_id is not None else f"{base}:{index}", messages, images, file_index, index)
+        add(str(row_id) if row_id is not None else f"{base}:{index}", roles_of, contents, images, file_index, index)
     report.rows_read += index + 1
 
 
