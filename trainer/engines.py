@@ -90,7 +90,8 @@ def skip_unused_shm_allreduce(namespace) -> bool:
     scatter and all-gather go through torch.distributed in either case, so a ZeRO run computes the same thing.
     Call in each process before DeepSpeed's process group starts (before the ``SFTConfig`` is made)."""
     tensor_parallel = _deepspeed_config(namespace).get("tensor_parallel") or {}
-    if isinstance(tensor_parallel, dict) and int(tensor_parallel.get("autotp_size") or 0) > 1:
+    size = tensor_parallel.get("autotp_size") if isinstance(tensor_parallel, dict) else None
+    if size is not None and str(size) not in ("0", "1"):  # AutoTP asked for ("auto" or a size): keep the op
         return False
     try:
         import deepspeed.ops
