@@ -84,7 +84,7 @@ def skip_unused_shm_allreduce(namespace) -> bool:
     it. Returns whether it was skipped.
 
     ``TorchBackend.__init__`` (``deepspeed.comm.torch``) builds the op when ``deepspeed.ops.__compatible_ops__``
-    says it can (a C++ JIT compile: 5 min 21 s wall on a loaded 2-core machine, cached per machine afterwards), and
+    says it can (a C++ JIT compile: 2 to 5 minutes on a 2-core machine, cached per machine afterwards), and
     without it uses torch.distributed. Only ``inference_all_reduce`` calls the op, i.e. the AutoTP layers of a run
     with ``tensor_parallel.autotp_size`` > 1 in its DeepSpeed config: there it is kept. ZeRO's all-reduce, reduce-
     scatter and all-gather go through torch.distributed in either case, so a ZeRO run computes the same thing.
