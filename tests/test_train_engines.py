@@ -11,10 +11,15 @@ under each engine:
 * the parameters are really sharded (FSDP2: every tensor a ``DTensor`` holding half the elements; ZeRO-3:
   partitioned), as the training summary records;
 * a run resumed from its step-1 checkpoint ends with the uninterrupted run's weights.
+
+The launched processes start with an empty ``TORCH_EXTENSIONS_DIR``, as on a fresh machine: a ZeRO run compiles
+nothing there (DeepSpeed's shared-memory all-reduce op, which only tensor-parallel layers call, is not built).
+DeepSpeed is in the ``dev`` extra, so these run wherever the tests do.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -75,7 +80,8 @@ def _train_argv(stage, model_dir, data, out, *extra):
 
 def _env(tmp_path):
     return dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+                HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"),
+                TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))  # empty: what the runs compile lands here
 
 
 def _descendants(pid: int) -> list[int]:
@@ -206,8 +212,6 @@ def test_fsdp_resume_knows_which_optimizers_keep_tensor_state(tiny_model):
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_engine_trains_both_stages_like_one_process_and_resumes(engine, ramp_model_dir, two_rows, one_process,
                                                                 tmp_path):
-    if engine.startswith("zero"):
-        pytest.importorskip("deepspeed", reason="DeepSpeed is the `engines` extra: pip install -e '.[dev,engines]'")
     initial = _weights(ramp_model_dir)
     per_device = ["--per_device_train_batch_size", "1"]
 
@@ -239,3 +243,36 @@ def test_engine_trains_both_stages_like_one_process_and_resumes(engine, ramp_mod
                                 "--resume_from_checkpoint", str(stage2 / "checkpoint-1")), tmp_path)
     assert _summary(resumed)["training"]["global_steps"] == 2
     _assert_same_weights(_weights(resumed), _weights(stage2), initial, 1e-6, f"{engine} resumed")
+    # six launches, and not one compiled an op (a build would leave its folder here, or run past the timeout)
+    built = tmp_path / "torch_extensions"
+    assert not (built.exists() and os.listdir(built)), os.listdir(built)
+
+
+def test_deepspeed_cpu_run_skips_the_shm_allreduce_op_only_without_tensor_parallelism(tmp_path, monkeypatch):
+    import deepspeed.ops
+    from llava_normaligned.trainer.engines import SHM_ALLREDUCE_OP, cpu_engine_arguments, skip_unused_shm_allreduce
+
+    compatible = deepspeed.ops.__compatible_ops__  # the dict deepspeed.comm.torch.build_shm_op reads
+    assert SHM_ALLREDUCE_OP in compatible
+    monkeypatch.setitem(compatible, SHM_ALLREDUCE_OP, True)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.delenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", raising=False)
+
+    # a DeepSpeed config with AutoTP: its layers all-reduce through the op, which stays
+    tp_config = tmp_path / "ds_tp.json"
+    tp_config.write_text(json.dumps({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 1}}))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tp_config))
+    assert not skip_unused_shm_allreduce(argparse.Namespace(deepspeed=None))
+    assert compatible[SHM_ALLREDUCE_OP] is True
+    assert not skip_unused_shm_allreduce(argparse.Namespace(deepspeed={"tensor_parallel": {"autotp_size": 4}}))
+    assert compatible[SHM_ALLREDUCE_OP] is True
+
+    # the shipped configs (no DeepSpeed JSON), or one without tensor parallelism: the op is not built
+    monkeypatch.delenv("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    namespace = argparse.Namespace(deepspeed=None, use_cpu=True, bf16=True, fp16=False, ddp_backend=None)
+    assert cpu_engine_arguments(namespace)
+    assert (namespace.use_cpu, namespace.bf16, namespace.ddp_backend) == (False, False, "gloo")
+    assert compatible[SHM_ALLREDUCE_OP] is False
+    monkeypatch.setitem(compatible, SHM_ALLREDUCE_OP, True)
+    assert skip_unused_shm_allreduce(argparse.Namespace(deepspeed={"tensor_parallel": {"autotp_size": 1}}))
+    assert compatible[SHM_ALLREDUCE_OP] is False

@@ -12,8 +12,10 @@ torch's FSDP2 (``fully_shard``) runs on CPU tensors over gloo, and DeepSpeed has
 so both can run for real:
 
 * DeepSpeed: ``cpu_engine_arguments`` keeps ``use_cpu`` off and sets ``ddp_backend="gloo"`` (the DeepSpeed CPU
-  accelerator initialises the process group itself; its shared-memory all-reduce op is compiled once on first use
-  and cached in ``~/.cache/torch_extensions``).
+  accelerator initialises the process group itself). DeepSpeed's torch backend also JIT-compiles a shared-memory
+  all-reduce op when it starts on the CPU (minutes with a C++ compiler, once per machine), which only its
+  tensor-parallel layers call; ``skip_unused_shm_allreduce`` marks it unavailable for a run without tensor
+  parallelism, and DeepSpeed's ZeRO collectives go through torch.distributed (gloo) as they would anyway.
 * FSDP2: ``take_fsdp_on_cpu`` gives the state of a ``MULTI_CPU`` run the FSDP plugin that the launcher's
   ``FSDP_*`` variables describe, before the model is prepared, so accelerate's own FSDP2 path (``fully_shard`` per
   decoder / encoder layer, full state dict on save) shards it.
@@ -50,6 +52,56 @@ def cpu_engine_arguments(namespace) -> bool:
                     "ddp_backend=gloo, bf16/fp16 off)")
     namespace.use_cpu, namespace.bf16, namespace.fp16 = False, False, False
     namespace.ddp_backend = "gloo"
+    skip_unused_shm_allreduce(namespace)
+    return True
+
+
+# DeepSpeed's name for its CPU shared-memory all-reduce op (``ShareMemCommBuilder``)
+SHM_ALLREDUCE_OP = "deepspeed_shm_comm"
+
+
+def _deepspeed_config(namespace) -> dict:
+    """The DeepSpeed config this run was given as a JSON file or dict (``--deepspeed``, or accelerate's
+    ``deepspeed_config_file``); ``{}`` when the launcher's ``deepspeed_config`` fields describe it, as in the
+    shipped configs, or when the file cannot be read (DeepSpeed reports that itself)."""
+    source = getattr(namespace, "deepspeed", None) or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if isinstance(source, dict):
+        return source
+    if isinstance(source, str) and os.path.isfile(source):
+        import json
+
+        try:
+            with open(source) as handle:
+                loaded = json.load(handle)
+        except (OSError, ValueError):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+    return {}
+
+
+def skip_unused_shm_allreduce(namespace) -> bool:
+    """Keep DeepSpeed's CPU torch backend from compiling its shared-memory all-reduce op for a run that never calls
+    it. Returns whether it was skipped.
+
+    ``TorchBackend.__init__`` (``deepspeed.comm.torch``) builds the op when ``deepspeed.ops.__compatible_ops__``
+    says it can (a C++ JIT compile: 2 to 5 minutes on a 2-core machine, cached per machine afterwards), and
+    without it uses torch.distributed. Only ``inference_all_reduce`` calls the op, i.e. the AutoTP layers of a run
+    with ``tensor_parallel.autotp_size`` > 1 in its DeepSpeed config: there it is kept. ZeRO's all-reduce, reduce-
+    scatter and all-gather go through torch.distributed in either case, so a ZeRO run computes the same thing.
+    Call in each process before DeepSpeed's process group starts (before the ``SFTConfig`` is made)."""
+    tensor_parallel = _deepspeed_config(namespace).get("tensor_parallel") or {}
+    size = tensor_parallel.get("autotp_size") if isinstance(tensor_parallel, dict) else None
+    if size is not None and str(size) not in ("0", "1"):  # AutoTP asked for ("auto" or a size): keep the op
+        return False
+    try:
+        import deepspeed.ops
+    except ImportError:  # accelerate says what is missing when it starts DeepSpeed
+        return False
+    compatible = deepspeed.ops.__compatible_ops__  # probed once per process; DeepSpeed reads this dict
+    if compatible.get(SHM_ALLREDUCE_OP):
+        compatible[SHM_ALLREDUCE_OP] = False
+        logger.info("DeepSpeed on the CPU without tensor parallelism: its shared-memory all-reduce op (called only "
+                    "by tensor-parallel layers) is not compiled; collectives go through gloo")
     return True
 
 
@@ -178,4 +230,5 @@ def engine_summary(trainer) -> dict:
         "parameter_elements_here": local,
         "parameter_elements": total,
     }
-__all__ = ["cpu_engine_arguments", "engine_summary", "fit_fsdp_wrap_classes", "remove_wrapper_sources", "launched_engine", "optimizer_keeps_tensors", "take_fsdp_on_cpu"]
+__all__ = ["cpu_engine_arguments", "engine_summary", "fit_fsdp_wrap_classes", "launched_engine",
+           "optimizer_keeps_tensors", "remove_wrapper_sources", "skip_unused_shm_allreduce", "take_fsdp_on_cpu"]
