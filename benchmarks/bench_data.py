@@ -323,6 +323,7 @@ def end_to_end(args, kind: str, n_rows: int) -> dict:
                "--save_strategy", "no", "--gradient_checkpointing", "False", "--dataloader_num_workers", "0",
                "--render", "exact" if args.render == "exact" else "fast"]
     result = {"kind": kind, "rows": n_rows, "stage": stage, "cpus": os.cpu_count()}
+    attempt = None
     for attempt in ("first", "second"):
         output = tempfile.mkdtemp(prefix="bench_data_run_", dir=args.workdir)
         if attempt == "first" and args.drop_caches:
@@ -337,7 +338,37 @@ def end_to_end(args, kind: str, n_rows: int) -> dict:
                                                 "read_from_cache", "seconds")}}
         print(f"  e2e {kind} x {n_rows} stage {stage} {attempt}: {result[attempt]['wall_s']} s wall, peak RSS "
               f"{result[attempt]['peak_rss_mib']} MiB", flush=True)
+    result["tokenizer_pass"] = tokenizer_pass(os.path.join(cache, "llava_normaligned_prepared"), model_dir)
+    print(f"  the tokenizer alone over the rows the run rendered: {result['tokenizer_pass']}", flush=True)
     return result
+
+
+def tokenizer_pass(prepared_dir: str, model_dir: str, every: int = 10) -> dict:
+    """The share of the rendering that is the tokenizer's: one fast-tokenizer pass (one thread, as in each
+    rendering process) over every ``every``-th row the run rendered, scaled to all rows and spread over the cores
+    (the rendering runs one process per core): the least the up-front token count can take on this machine."""
+    code = f"""
+import glob, json, os, time
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+from datasets import Dataset, concatenate_datasets
+from transformers import AutoTokenizer
+files = sorted(glob.glob(os.path.join({prepared_dir!r}, "*.arrow")))
+rendered = concatenate_datasets([Dataset.from_file(f) for f in files]).data.column("rendered")
+texts = [t for t in rendered.take(list(range(0, len(rendered), {every}))).to_pylist() if t]
+backend = AutoTokenizer.from_pretrained({model_dir!r}, trust_remote_code=True).backend_tokenizer
+start = time.perf_counter()
+for first in range(0, len(texts), 256):
+    backend.encode_batch_fast(texts[first:first + 256], add_special_tokens=False)
+seconds = time.perf_counter() - start
+print(json.dumps({{"rows_sampled": len(texts), "rows": len(rendered), "sample_seconds": round(seconds, 2),
+                  "all_rows_one_core_s": round(seconds * len(rendered) / len(texts), 1),
+                  "all_rows_all_cores_s": round(seconds * len(rendered) / len(texts) / (os.cpu_count() or 1), 1)}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stdout + out.stderr)[-2000:]}
+    return json.loads(lines[-1])
 
 
 # --------------------------------------------------------------------------------------------------- collator

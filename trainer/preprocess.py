@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 TOO_LONG_POLICIES = ("drop", "error")
 MAX_LISTED = 10
-CACHE_FORMAT = "prepared-v4"  # changes whenever the rendered columns would change for the same inputs
+CACHE_FORMAT = "prepared-v5"  # changes whenever the rendered columns would change for the same inputs
 PARALLEL_ROWS = 20_000  # from this many rows up the rendering uses every core (default_num_proc)
 MAX_NUM_PROC = 8
 
@@ -196,7 +196,7 @@ def _render(rows, renderer: ConversationRenderer, processor, per_image: int, num
         report.read_from_cache = bool(glob.glob(os.path.join(cache_dir, f"{key}*.arrow")))  # num_proc: shards
         cache = {"cache_file_name": report.cache_file, "new_fingerprint": key, "load_from_cache_file": True}
     return time.perf_counter(), rows.map(
-        _render_batch, batched=True, batch_size=256, num_proc=num_proc,
+        _render_batch, batched=True, batch_size=256, num_proc=num_proc, remove_columns=["messages", "num_images"],
         fn_kwargs={"renderer": renderer, "processor": processor, "count_tokens": _token_counter(processor),
                    "per_image": per_image},
         desc="rendering conversations", **cache,
@@ -272,7 +272,9 @@ def prepare_dataset(
     report.seconds["render"] = log_phase(what, len(order), start)
     # decode=False: images reach the collator as paths/bytes and are decoded there, where a failure names its row
     images = with_decode(base.select_columns(["images"]), "images", False)
-    prepared = concatenate_datasets([text.remove_columns(["use"]), images], axis=1)
+    # the map wrote only the new columns (and id, use): the messages are the loaded rows' own column, not a copy
+    prepared = concatenate_datasets([text.select_columns(["id"]), base.select_columns(["messages"]),
+                                     text.select_columns(["rendered", "spans", "num_tokens"]), images], axis=1)
 
     start = time.perf_counter()
     lengths = text.data.column("num_tokens").to_numpy()
