@@ -347,20 +347,29 @@ class ConversationRenderer:
             if k + 1 < len(answers):  # the text up to the next answer: first found at this answer's end?
                 if text.find(text[end:starts[answers[k + 1]]], start) != end:
                     return None
-            turn_start = position
-            if self.header:
-                header_at = text.rfind(self.header, turn_start, start)
-                if header_at >= 0:
-                    start = header_at + len(self.header)
-            stop = end
-            if self.end_of_turn:
-                if not text.startswith(self.end_of_turn, end):
-                    return None
-                stop += len(self.end_of_turn)
-            if stop > start:
-                spans.append((start, stop))
+            trained = self._trained(text, position, start, end)
+            if trained is None:
+                return None
+            if trained[1] > trained[0]:
+                spans.append(trained)
             position = end
         return spans
+
+    def _trained(self, text: str, turn_start: int, start: int, end: int) -> tuple[int, int] | None:
+        """The span trained on for an answer whose content is ``text[start:end]`` (its turn begins at
+        ``turn_start``): from the end of the assistant header when it is there (train on what the model emits after
+        the header at inference: Qwen3's think block), to the end of the end-of-turn text; ``None`` when the
+        end-of-turn text does not follow the answer."""
+        if self.header:
+            header_at = text.rfind(self.header, turn_start, start)
+            if header_at >= 0:
+                start = header_at + len(self.header)
+        stop = end
+        if self.end_of_turn:
+            if not text.startswith(self.end_of_turn, end):
+                return None
+            stop += len(self.end_of_turn)
+        return start, stop
 
     def _render(self, messages: list[dict], add_generation_prompt: bool = False, markers: bool = False):
         rendered, spans = render_jinja_template(
@@ -449,18 +458,11 @@ class ConversationRenderer:
                 end = len(text) - len(after) if text.endswith(after) and len(text) - len(after) >= position else -1
             if end < 0:
                 raise refuse(k, "the template writes the text after it differently depending on the answers")
-            start = position
-            if self.header:  # train on what the model emits after the header at inference (Qwen3's think block)
-                header_at = text.rfind(self.header, turn_start, position)
-                if header_at >= 0:
-                    start = header_at + len(self.header)
-            stop = end
-            if self.end_of_turn:
-                if not text.startswith(self.end_of_turn, end):
-                    raise refuse(k, f"the template does not end it with {self.end_of_turn!r}")
-                stop += len(self.end_of_turn)
-            if stop > start:
-                spans.append((start, stop))
+            trained = self._trained(text, turn_start, position, end)
+            if trained is None:
+                raise refuse(k, f"the template does not end it with {self.end_of_turn!r}")
+            if trained[1] > trained[0]:
+                spans.append(trained)
             position = end
         return spans
 
