@@ -118,10 +118,6 @@ class _Skeleton:
         return "".join(out), starts, ends
 
 
-def _shape(parts: list[dict]) -> tuple:
-    return tuple((message["role"], tuple(item["type"] for item in message["content"])) for message in parts)
-
-
 def _texts(parts: list[dict]) -> list[str]:
     return [item["text"] for message in parts for item in message["content"] if item["type"] == "text"]
 
