@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_SHAPE = "SigLIP-so400m-384 + Llama-3.2-3B (paper)"
@@ -77,9 +80,8 @@ def main(argv=None) -> int:
     bf16_backward_s = flops["stage1_backward"] / (rates["bfloat16_input_gradient"] * 1e9)
     fp32_s = (flops["forward"] + flops["stage1_backward"]) / (rates["float32_linear_forward"] * 1e9)
     result = {
-        "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(), "platform": platform.platform(),
-                    "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-                    "load_average_at_start": list(load_start), "load_average_at_end": list(os.getloadavg())},
+        "machine": {**machine.describe(), "load_average_at_start": list(load_start),
+                    "load_average_at_end": list(os.getloadavg())},
         "command": "python benchmarks/bench_cpu_step.py", "tokens": tokens,
         "gflops_per_s": rates,
         "step_tflop": {k: round(v / 1e12, 2) for k, v in flops.items() if k != "parameters"},

@@ -194,5 +194,17 @@ def write_images(rows: list[dict], image_folder: str, n_distinct: int = 8) -> in
     return len(paths)
 
 
-__all__ = ["MIX_ROWS", "PRETRAIN_ROWS", "mix_rows", "pretrain_rows", "tiny_images", "write_images", "write_json",
-           "write_mix_json", "write_pretrain_json"]
+def word_tokenizer(with_image_token: bool = False):
+    """A byte-level BPE in which every word of the generated text is one token (as common English words are in
+    Llama's vocabulary, so a row's token count is what it would be there), with ChatML's special tokens and the
+    ChatML template of ``llava_normaligned.tiny``, whose ``{% generation %}`` markers TRL's ``assistant_only_loss``
+    needs. ``with_image_token``: with ``<image>`` already added (``compose`` adds it to an LM's tokenizer itself)."""
+    from llava_normaligned.tiny import DEFAULT_CORPUS_WORDS, train_tokenizer
+
+    words = sorted(set(WORDS) | set(DEFAULT_CORPUS_WORDS))
+    words += [w.capitalize() for w in words] + [".", "?", "[", "]", "Reference", "OCR", "token", "Please"]
+    return train_tokenizer(words, vocab_size=2048, with_image_token=with_image_token)
+
+
+__all__ = ["MIX_ROWS", "PRETRAIN_ROWS", "mix_rows", "pretrain_rows", "tiny_images", "word_tokenizer", "write_images",
+           "write_json", "write_mix_json", "write_pretrain_json"]

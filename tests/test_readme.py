@@ -61,10 +61,12 @@ def test_readme_cli_calls_name_real_commands_and_flags(call):
 
 
 def test_readme_memory_table_is_the_code_s_own_estimate():
-    from llava_normaligned.diagnostics.memory import reference_table, time_table
+    from llava_normaligned.diagnostics.memory import reference_table, time_table, training_table
 
     assert reference_table().strip() in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
     assert time_table().strip() in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
+    indented = "\n".join("  " + line for line in training_table().splitlines())  # inside a list item
+    assert indented in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
 
 
 # ------------------------------------------------------------------------------ stated durations, from one record

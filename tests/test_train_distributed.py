@@ -51,19 +51,17 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_path):
-    from safetensors.torch import load_file
-
-    path, images = write_llava_dataset(tmp_path / "data", n_rows=1, text_only=1, multi_turn_every=0)
+def _torchrun(script_text: str, tmp_path, *args) -> list[dict]:
+    """Run ``script_text`` on two ranks (``torchrun``, gloo, one thread each) with ``args`` and an output folder
+    ``tmp_path/out`` as its last argument; returns the ranks' ``rank{r}.json`` records."""
     script = tmp_path / "rank_script.py"
-    script.write_text(RANK_SCRIPT)
+    script.write_text(script_text)
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-               str(script), tiny_model_dir, path, images, str(out)]
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script), *args, str(out)]
     # its own process group, so that a hang is cleaned up whole (the launcher and both ranks)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -74,7 +72,15 @@ def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_
         output, _ = proc.communicate()
         raise AssertionError(f"2-process DDP did not finish in 300 s:\n{output[-4000:]}") from None
     assert proc.returncode == 0, output[-4000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    path, images = write_llava_dataset(tmp_path / "data", n_rows=1, text_only=1, multi_turn_every=0)
+    ranks = _torchrun(RANK_SCRIPT, tmp_path, tiny_model_dir, path, images)
+    out = tmp_path / "out"
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["pid"] != ranks[1]["pid"]
     assert all(r["world_size"] == 2 and r["backend"] == "gloo" and r["parallel_mode"] == "ParallelMode.DISTRIBUTED"
                for r in ranks)
@@ -93,3 +99,67 @@ def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_
     assert any("language_model" in n for n in moved) and any("multi_modal_projector" in n for n in moved)
     assert any("vision_tower" in n for n in moved)  # the image row's process trained it
     assert (out / "model.safetensors").exists()  # rank 0 saved the final model
+
+
+GROUPED_RANK_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import torch, torch.distributed as dist
+    from transformers import AutoProcessor
+    from trl import SFTConfig
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+    from llava_normaligned.trainer.data import load_llava_json
+    from llava_normaligned.trainer.sampling import grouped_order_for
+    from llava_normaligned.trainer.train import StageConfig, prepare_stage, run_stage, shared_image_checker
+
+    model_dir, data, images, out = sys.argv[1:5]
+    args = SFTConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], gradient_checkpointing=False,
+                     max_steps=3, per_device_train_batch_size=2, gradient_accumulation_steps=2, logging_steps=1,
+                     save_strategy="no", learning_rate=1e-3, seed=0, disable_tqdm=True, padding_free=True,
+                     train_sampling_strategy="group_by_modality_length")
+    dataset = load_llava_json(data, images, image_checker=shared_image_checker(args))
+    model = LlavaNormAlignedForConditionalGeneration.from_pretrained(model_dir)
+    prepared = prepare_stage(model, AutoProcessor.from_pretrained(model_dir), dataset, args=args,
+                             stage=StageConfig(2))
+    collator, seen = prepared.trainer.data_collator, []
+
+    def recording(rows):
+        seen.append([row["id"] for row in rows])
+        return collator(rows)
+
+    recording.padding_free = collator.padding_free
+    prepared.trainer.data_collator = recording
+    result = run_stage(prepared)
+    rank = dist.get_rank()
+    train_rows = result.trainer.train_dataset
+    order = grouped_order_for(train_rows, result.trainer.args).order().tolist()
+    torch.save({n: p.detach() for n, p in result.model.named_parameters()}, os.path.join(out, f"rank{rank}.pt"))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+        json.dump({"seen": seen, "order": [train_rows[i]["id"] for i in order],
+                   "padding_free": result.summary["training"]["padding_free"]}, handle)
+''')
+
+
+def test_two_process_ddp_deals_each_rank_its_share_of_every_grouped_step(tiny_model_dir, tmp_path):
+    """``group_by_modality_length`` with padding-free batches under DDP: rank r's a-th micro-batch of step s is the
+    one the order deals it (position ``(s x accumulation + a) x world + r``), every step holds one modality, and the
+    ranks end with identical weights."""
+    path, images = write_llava_dataset(tmp_path / "data", n_rows=16, text_only=8, multi_turn_every=2)
+    ranks = _torchrun(GROUPED_RANK_SCRIPT, tmp_path, tiny_model_dir, path, images)
+    out = tmp_path / "out"
+    order = ranks[0]["order"]
+    assert ranks[1]["order"] == order and sorted(order) == sorted(
+        [f"img-{i}" for i in range(16)] + [f"text-{i}" for i in range(8)])
+    assert all(r["padding_free"] for r in ranks)
+    world, accumulation, micro = 2, 2, 2
+    for step in range(3):  # 24 rows, 8 a step: two image steps and one text-only step, in the order's sequence
+        rows = []
+        for rank in range(world):
+            for a in range(accumulation):
+                at = ((step * accumulation + a) * world + rank) * micro
+                assert ranks[rank]["seen"][step * accumulation + a] == order[at:at + micro], (step, rank, a)
+                rows += order[at:at + micro]
+        assert len({row.startswith("img-") for row in rows}) == 1, rows
+    assert {order[0].startswith("img-"), order[8].startswith("img-"), order[16].startswith("img-")} == {True, False}
+    w0, w1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
+    for name in w0:
+        assert torch.equal(w0[name], w1[name]), name

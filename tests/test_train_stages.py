@@ -242,12 +242,18 @@ def test_the_stage_trainer_overrides_no_private_trainer_method():
 
     overridden = {name for name, value in vars(LlavaStageTrainer).items()
                   if callable(value) and name.startswith("_") and not name.startswith("__") and hasattr(SFTTrainer, name)}
-    # Two private methods stay overridden, pinned here: `_save`, where the Trainer writes the weights on every rank
-    # and engine (FSDP2's wrapper class leaves its torch sources beside the remote code: removed after saving), and
+    # Three private methods stay overridden, pinned here: `_save`, where the Trainer writes the weights on every rank
+    # and engine (FSDP2's wrapper class leaves its torch sources beside the remote code: removed after saving),
     # `_load_optimizer_and_scheduler`, where an FSDP resume of an optimizer that keeps no tensors (plain SGD) loads
-    # only the scheduler (torch cannot load such an optimizer's full state dict; trainer/engines.py).
-    assert overridden == {"_save", "_load_optimizer_and_scheduler"}, \
+    # only the scheduler (torch cannot load such an optimizer's full state dict; trainer/engines.py), and
+    # `_get_train_sampler`, where the length groupings (trainer/sampling.py) give the training order (TRL's own
+    # trainers override it for the same purpose).
+    assert overridden == {"_save", "_load_optimizer_and_scheduler", "_get_train_sampler"}, \
         f"private Trainer methods overridden: {sorted(overridden)}"
+    assert list(inspect.signature(SFTTrainer._get_train_sampler).parameters) == ["self", "train_dataset"], (
+        "transformers changed Trainer._get_train_sampler: re-check LlavaStageTrainer's override")
+    assert "sampler_fn=self._get_train_sampler" in inspect.getsource(SFTTrainer.get_train_dataloader), (
+        "the Trainer no longer builds its training sampler with _get_train_sampler: length grouping is bypassed")
     assert list(inspect.signature(SFTTrainer._save).parameters) == ["self", "output_dir", "state_dict"], (
         "transformers changed Trainer._save: re-check LlavaStageTrainer._save")
     source = inspect.getsource(SFTTrainer.save_model)

@@ -7,7 +7,8 @@ the YAML. A ``--config`` value may also name a recipe shipped in ``trainer/recip
 llama3.2-3b_siglip-so400m_stage1``). Two adjustments are made before the configs are built, each logged:
 
 * no GPU: ``use_cpu=True`` and bf16/fp16 off (TRL's default ``bf16=True`` refuses to start on a CPU-only machine), so
-  ``train`` runs on a laptop with no extra flags and on GPUs with the recipe's precision;
+  ``train`` runs on a laptop with no extra flags and on GPUs with the recipe's precision; ``--bf16 True`` on the
+  command line keeps bf16 autocast on a CPU with AMX or AVX512-BF16 (``engines.cpu_has_bf16_matmul``);
 * ``global_batch_size``: ``gradient_accumulation_steps = global / (per_device_train_batch_size * world size)``, so
   one recipe gives the paper's global batch (256, then 128; Appendix E.1) on any number of GPUs.
 """
@@ -168,7 +169,21 @@ def make_parser() -> TrlParser:
         "SFTConfig and ModelConfig flag is accepted; --config RECIPE.yaml (repeatable) sets defaults.",
     )
     _group_own_flags_first(parser)
+    _add_sampling_strategies(parser)
     return parser
+
+
+def _add_sampling_strategies(parser) -> None:
+    """``--train_sampling_strategy`` takes this package's length groupings too (``sampling.GROUPED_STRATEGIES``,
+    ``group_by_length`` included, which transformers also names)."""
+    from .sampling import GROUPED_STRATEGIES
+
+    action = next(a for a in parser._actions if a.dest == "train_sampling_strategy")  # argparse's list of actions
+    action.choices = list(dict.fromkeys([*action.choices, *GROUPED_STRATEGIES]))
+    action.help = ("order of the training rows: 'random' (default), 'sequential', 'group_by_length' (rows of similar "
+                   "length share a batch) or 'group_by_modality_length' (LLaVA-1.5's stage 2: image and text-only rows "
+                   "in separate steps, similar lengths within a batch); the two groupings use the prepared token "
+                   "counts and are exact on resume. Also: transformers' 'batch_rebalance'")
 
 
 def _group_own_flags_first(parser) -> None:
@@ -248,16 +263,24 @@ def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, configs
 
 
-def _adjust_for_hardware(namespace) -> None:
+def _adjust_for_hardware(namespace, bf16_asked: bool = False) -> None:
+    """No GPU: train on the CPU in float32, or in bf16 autocast when ``--bf16 True`` is given on the command line (a
+    recipe's ``bf16`` is for GPUs) and the CPU has bf16 matmul instructions (AMX or AVX512-BF16)."""
     if has_accelerator():
         return
-    from .engines import cpu_engine_arguments
+    from .engines import cpu_engine_arguments, cpu_has_bf16_matmul
 
     if cpu_engine_arguments(namespace):  # a DeepSpeed launch: its CPU accelerator over gloo
         return
-    if namespace.bf16 is not False or namespace.fp16 or not namespace.use_cpu:
+    bf16 = bool(bf16_asked and namespace.bf16 and cpu_has_bf16_matmul())
+    if bf16:
+        logger.info("no GPU found: training on the CPU in bf16 autocast (--bf16 True; this CPU has AMX/AVX512-BF16)")
+    elif bf16_asked and namespace.bf16:
+        logger.warning("no GPU found and this CPU has no bf16 matmul instructions (AMX or AVX512-BF16), where bf16 "
+                       "runs hundreds of times slower than float32: training in float32 (use_cpu=True, bf16 off)")
+    elif namespace.bf16 is not False or namespace.fp16 or not namespace.use_cpu:
         logger.info("no GPU found: training on the CPU in float32 (use_cpu=True, bf16/fp16 off)")
-    namespace.use_cpu, namespace.bf16, namespace.fp16 = True, False, False
+    namespace.use_cpu, namespace.bf16, namespace.fp16 = True, bf16, False
 
 
 def accumulation_steps(global_batch_size: int, per_device: int, world_size: int) -> int:
@@ -301,7 +324,7 @@ def parse_train_args(argv: list[str] | None = None):
         parser.error("--model and --model_name_or_path disagree: give one")
     namespace.model = namespace.model or namespace.model_name_or_path
     namespace.model_name_or_path = namespace.model
-    _adjust_for_hardware(namespace)
+    _adjust_for_hardware(namespace, bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv))
     _apply_global_batch(namespace)
     values = vars(namespace)
     built = []

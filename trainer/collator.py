@@ -14,7 +14,8 @@ PIL-backend processors (SigLIP, CLIP: resize, crop, then ``(x * rescale_factor -
 for the resized uint8 pixels and maps them through a 256-entry table per channel, computed with the processor's own
 operations in its own order (float64 rescale, float32 cast, float32 normalise), so the result is bit-for-bit the
 processor's (``PixelTable``). Nothing is truncated here (``prepare_dataset`` already dropped long
-rows); a row that is too long anyway is an error naming it.
+rows); a row that is too long anyway is an error naming it. With ``padding_free`` the padded batch is then packed into
+one row (``padding_free.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .padding_free import pack_rows
 from .preprocess import adds_special_tokens
 
 logger = logging.getLogger(__name__)
@@ -112,6 +114,8 @@ class LlavaTrainingCollator:
             ``"skip"``: the row stays in the batch with a blank image and no labels (it trains nothing, and the batch
             keeps its shape on every rank), is logged and counted.
         pad_to_multiple_of: pad the sequence length to a multiple of this.
+        padding_free: return the rows as one packed row without pad tokens (``padding_free.pack_rows``:
+            ``input_ids``/``labels``/``position_ids`` of shape (1, N), no attention mask).
         report_skips: add ``skipped_rows`` (a count) to each batch, for a trainer that pops it (``train.py``'s).
     """
 
@@ -119,12 +123,15 @@ class LlavaTrainingCollator:
     max_length: int | None = None
     on_bad_image: str = "error"
     pad_to_multiple_of: int | None = None
+    padding_free: bool = False
     report_skips: bool = False
     skipped: int = field(default=0, init=False)
 
     def __post_init__(self):
         if self.on_bad_image not in ("error", "skip"):
             raise ValueError(f"on_bad_image must be 'error' or 'skip', got {self.on_bad_image!r}")
+        if self.padding_free and self.pad_to_multiple_of:
+            raise ValueError("pad_to_multiple_of pads each row, padding_free removes every pad token: give one")
         self.image_token_id = self.processor.image_token_id
         image_processor = getattr(self.processor, "image_processor", None)
         self.pixel_table = PixelTable.of(image_processor) if image_processor is not None else None
@@ -208,6 +215,8 @@ class LlavaTrainingCollator:
         batch["labels"] = self._labels(batch, rows, usable)
         batch.pop("offset_mapping")
         batch.pop("text_replacement_offsets", None)
+        if self.padding_free:
+            batch = pack_rows(batch, IGNORE_INDEX)
         skipped = usable.count(False)
         self.skipped += skipped
         out = dict(batch)

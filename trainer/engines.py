@@ -29,6 +29,75 @@ import os
 logger = logging.getLogger(__name__)
 
 
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs with bf16 matmul instructions
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux ``/proc/cpuinfo``); empty where that file is not there."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX or AVX512-BF16). Without either, torch emulates
+    it: a bf16 backward's input gradient ran at 0.27 GFLOP/s on an AVX2-only CPU (float32: ~100)."""
+    return any(flag in cpu_flags() for flag in CPU_BF16_FLAGS)
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot (Linux ``/proc/stat``), or None."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as handle:
+            fields = [int(x) for x in handle.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user time
+    return total - idle, total
+
+
+def busy_cores(window: float = 0.25) -> float | None:
+    """How many cores other processes keep busy, sampled over ``window`` seconds; None where ``/proc/stat`` is not
+    there."""
+    import time
+
+    before = _cpu_times()
+    if before is None:
+        return None
+    time.sleep(window)
+    after = _cpu_times()
+    total = after[1] - before[1]
+    if total <= 0:
+        return None
+    return (after[0] - before[0]) / total * (os.cpu_count() or 1)
+
+
+def cpu_training_threads() -> tuple[int, str] | None:
+    """The torch threads for training on this CPU, and why; None when ``OMP_NUM_THREADS`` already says.
+
+    torch takes one thread per core, and its OpenMP threads wait for each other by spinning: when another process
+    holds a core, a step waits on a thread that is not running (``benchmarks/bench_threads.py``: 3.5x slower with a
+    busy process beside it, and 20-60x with OMP_WAIT_POLICY=ACTIVE, while one thread was as fast as alone). So: one
+    thread per core that no other process is using (sampled for a quarter of a second), at least one."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = busy_cores()
+    if busy is None:
+        return None
+    free = max(1, min(cores, int(cores - busy + 0.5)))
+    if free == cores:
+        return cores, f"{cores} threads: no other process is using these {cores} cores"
+    return free, (f"{free} thread(s): other processes keep {busy:.1f} of the {cores} cores busy, and torch's threads "
+                  "slow down many times when one of them has no core to run on")
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "false").lower() in ("1", "true", "yes")
 

@@ -7,7 +7,8 @@ tokens do not match") or its only answer. A row's length is its rendered text's 
 expanded to the image's tokens (LLaVA: (image_size / patch_size)^2, minus the CLS token for CLIP).
 
 The prepared dataset keeps ``id``, ``messages`` and ``images`` and adds ``rendered`` (the chat-template text),
-``spans`` (character spans of the assistant answers in it, see ``masking.py``) and ``num_tokens``. Pixels are not
+``spans`` (character spans of the assistant answers in it, see ``masking.py``), ``num_tokens`` and ``num_images``
+(what length grouping, ``sampling.py``, orders the rows by). Pixels are not
 touched here: ``images`` is left undecoded (paths/bytes) and decoded batch by batch in the collator.
 
 ``train`` calls ``prepare_dataset`` with a ``cache_dir`` (under the datasets cache) inside
@@ -168,7 +169,7 @@ def default_num_proc(n_rows: int) -> int | None:
     return min(cores, MAX_NUM_PROC) if cores > 1 else None
 
 
-def _unindexed(dataset):
+def unindexed(dataset):
     """(the dataset without its ``select`` indices mapping, the rows it selects in order): the columns are then
     lined up without ``flatten_indices`` (which would copy every image byte)."""
     from datasets import Dataset
@@ -250,7 +251,7 @@ def prepare_dataset(
 
     # Only the text columns go through map: the images (maybe gigabytes of bytes) are neither decoded nor copied.
     # The rows are rendered in the order of the underlying table; `use` marks the ones the dataset selects.
-    base, order = _unindexed(dataset)
+    base, order = unindexed(dataset)
     counts = count_images(base)
     use = np.zeros(len(base), dtype=bool)
     use[order] = True
@@ -274,7 +275,8 @@ def prepare_dataset(
     images = with_decode(base.select_columns(["images"]), "images", False)
     # the map wrote only the new columns (and id, use): the messages are the loaded rows' own column, not a copy
     prepared = concatenate_datasets([text.select_columns(["id"]), base.select_columns(["messages"]),
-                                     text.select_columns(["rendered", "spans", "num_tokens"]), images], axis=1)
+                                     text.select_columns(["rendered", "spans", "num_tokens"]), images,
+                                     Dataset.from_dict({"num_images": counts})], axis=1)
 
     start = time.perf_counter()
     lengths = text.data.column("num_tokens").to_numpy()
@@ -314,4 +316,5 @@ def prepare_dataset(
     return prepared, report
 
 
-__all__ = ["PrepareReport", "adds_special_tokens", "default_num_proc", "image_tokens_per_image", "prepare_dataset"]
+__all__ = ["PrepareReport", "adds_special_tokens", "default_num_proc", "image_tokens_per_image", "prepare_dataset",
+           "unindexed"]

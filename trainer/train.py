@@ -44,6 +44,7 @@ from .callbacks import (
 )
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .engines import (
+    cpu_training_threads,
     engine_summary,
     fit_fsdp_wrap_classes,
     optimizer_keeps_tensors,
@@ -51,7 +52,9 @@ from .engines import (
     take_fsdp_on_cpu,
 )
 from .loading import describe_variant
+from .padding_free import check_padding_free, packed_attention
 from .preprocess import prepare_dataset
+from .sampling import grouped_order_for
 from .stages import StageLearningRates, freeze_for_stage, parameter_groups
 from .unused_compute import skip_unused_vision_compute
 
@@ -97,6 +100,9 @@ class LlavaStageTrainer(SFTTrainer):
 
     ``clip_per_part=True`` (``StageConfig.clip_per_part``) clips each part's gradient on its own before the Trainer's
     global clipping: see ``clip_parts``. The logs then also hold ``clip_coef/<part>``, each part's factor.
+
+    ``args.train_sampling_strategy`` ``group_by_length`` and ``group_by_modality_length`` order the rows by the
+    prepared token counts (``sampling.py``); transformers' other strategies are its own.
     """
 
     def __init__(self, *args, learning_rates: StageLearningRates | None = None, clip_per_part: bool = False,
@@ -129,6 +135,11 @@ class LlavaStageTrainer(SFTTrainer):
             self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
             return
         super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        grouped = grouped_order_for(dataset, self.args)
+        return grouped if grouped is not None else super()._get_train_sampler(train_dataset)
 
     def resolved_learning_rates(self) -> dict[str, float]:
         return self.learning_rates.resolved(self.args.learning_rate)
@@ -216,17 +227,21 @@ def _check_args(args: SFTConfig) -> SFTConfig:
     if not isinstance(args, SFTConfig):
         raise TypeError(f"args must be a trl.SFTConfig, got {type(args).__name__}")
     args = copy.copy(args)  # scalar fields only are set on it (here, _use_chat_template, _ddp_finds_unused)
+    if args.packing:
+        raise ValueError("--packing: TRL's packing cuts and merges rows across batches, which could cut an image; "
+                         "--padding_free True packs each batch's rows into one sequence without padding")
     owned = {
         "remove_unused_columns": False,  # the collator needs the prepared columns (rendered text, answer spans)
         "assistant_only_loss": False,  # answer-only labels come from the collator, for any chat template
-        "packing": False,  # TRL refuses packing and padding-free for images
-        "padding_free": False,
     }
     changes = {k: v for k, v in owned.items() if getattr(args, k) != v}
     if changes:
         logger.info("set %s (answer-only labels and image handling are done by this package's collator)", changes)
         for key, value in changes.items():
             setattr(args, key, value)
+    # TRL refuses padding-free batches for images; this package's collator packs the rows itself (padding_free.py),
+    # so TRL is told False and the collator is given the caller's value (prepare_stage)
+    args.padding_free = False
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and not os.path.isdir(resume):
         raise FileNotFoundError(f"resume_from_checkpoint: no such checkpoint folder: {resume}")
@@ -311,6 +326,21 @@ def _write_json(payload: dict, folder: str, name: str) -> str:
     return path
 
 
+def peak_memory() -> dict:
+    """This process's peak resident memory and, on CUDA, the peak memory torch allocated on its GPU, in GiB."""
+    out = {}
+    try:
+        import resource
+
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS)
+        out["peak_rss_gib"] = round(kib / (2**30 if sys.platform == "darwin" else 2**20), 3)
+    except ImportError:  # Windows
+        pass
+    if torch.cuda.is_available():
+        out["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    return out
+
+
 def _versions() -> dict:
     import transformers
     import trl
@@ -364,10 +394,14 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
             "bf16": args.bf16,
             "fp16": args.fp16,
             "max_length": args.max_length,
+            "train_sampling_strategy": args.train_sampling_strategy,
+            "padding_free": getattr(trainer.data_collator, "padding_free", False),
             "gradient_checkpointing": _checkpointing(args)[0],
+            "cpu_threads": torch.get_num_threads() if args.use_cpu else None,
             "engine": engine_summary(trainer),
         },
         "metrics": metrics,
+        "memory": peak_memory(),
         "norm": {
             "start": records[0] if records else None,
             "end": records[-1] if records else None,
@@ -430,7 +464,10 @@ def prepare_stage(
     stage = config.stage
     if peft_config is not None and stage == 1:
         raise ValueError("stage 1 trains the projector fully: LoRA/QLoRA (peft_config) is for stage 2")
+    padding_free = bool(args.padding_free)  # TRL's copy says False: it refuses it for images, the collator packs
     args = _check_args(args)
+    if padding_free:
+        check_padding_free(model)
     _use_chat_template(processor, args, chat_template)
     learning_rates = StageLearningRates(projector=config.lr_projector, llm=config.lr_llm,
                                         vision_tower=config.lr_vision)
@@ -443,7 +480,7 @@ def prepare_stage(
     _ddp_finds_unused(args, stage, prepare_report)
     collator = LlavaTrainingCollator(
         processor, max_length=args.max_length, on_bad_image=config.on_bad_image,
-        pad_to_multiple_of=args.pad_to_multiple_of, report_skips=True,
+        pad_to_multiple_of=args.pad_to_multiple_of, padding_free=padding_free, report_skips=True,
     )
     trainer = LlavaStageTrainer(
         model=model,
@@ -468,7 +505,8 @@ def prepare_stage(
 def run_stage(prepared: PreparedStage) -> TrainStageResult:
     """Train a prepared stage and save the model, processor, ``training_summary.json`` and ``norm_tracking.json``."""
     trainer, args = prepared.trainer, prepared.trainer.args
-    with skip_unused_vision_compute(trainer.model, enabled=prepared.config.skip_unused_vision):
+    with skip_unused_vision_compute(trainer.model, enabled=prepared.config.skip_unused_vision), \
+            packed_attention(trainer.model, enabled=getattr(trainer.data_collator, "padding_free", False)):
         train_output = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     metrics = dict(train_output.metrics)
     # rows whose image failed to decode (skip policy), counted on every rank
@@ -589,6 +627,19 @@ def _configure_logging(sft_args: SFTConfig) -> None:
     logging.getLogger("llava_normaligned").setLevel(level)
 
 
+def _cpu_threads(sft_args: SFTConfig) -> None:
+    """On the CPU, as many torch threads as there are cores no other process is using (``engines.
+    cpu_training_threads``), unless ``OMP_NUM_THREADS`` says otherwise."""
+    if not sft_args.use_cpu:
+        return
+    choice = cpu_training_threads()
+    if choice is None:
+        return
+    threads, why = choice
+    torch.set_num_threads(threads)
+    logger.info("training on the CPU with %s (OMP_NUM_THREADS=N sets it)", why)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``llava-normaligned train``: parse, load, prepare (errors here exit with code 2 and a message), then train
     one stage and save (errors there are raised with their traceback). Returns the exit code."""
@@ -601,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stage_args, sft_args, model_args, config_files = parse_train_args(argv)
         _configure_logging(sft_args)
+        _cpu_threads(sft_args)
         model, processor = _load_model(stage_args, model_args, sft_args)
         dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
         peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision) if model_args.use_peft \

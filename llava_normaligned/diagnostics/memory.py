@@ -7,8 +7,12 @@ eager attention probabilities of one layer (fp32, three copies: scores, softmax,
 residual-stream tensors (h_0, h_{l-1}, h_l), one MLP intermediate, and fp32 logits at the scored positions. It is an
 estimate: allocator fragmentation and framework buffers vary.
 
+``training_estimate`` does the same for training a stage (weights, gradients and AdamW's moments of the trained
+parameters, the activations the backward keeps).
+
 ``python -m llava_normaligned.diagnostics.memory`` prints the table of docs/diagnostics.md for reference
-architectures, built from their published dimensions on the meta device, and the time table: the FLOPs of one
+architectures, built from their published dimensions on the meta device, the training table of the paper's shape
+(README), and the time table: the FLOPs of one
 ``diagnose`` prompt of the blog's two models (``diagnose_prompt_flops``) over the CPU FLOP rate measured on tiny
 models of the same classes by ``benchmarks/bench_diagnose_cpu.py`` (``assets/diagnose_cpu_rate.json``).
 """
@@ -108,6 +112,102 @@ def estimate(config, dtype: str = "bfloat16", batch_size: int = 1, new_tokens: i
         activation_bytes=kv_caches + attention + residual + mlp + logits,
         sequence_length=sequence,
     )
+
+
+# ------------------------------------------------------------------------------------------ training
+
+TRAINING_SEQUENCE = 761  # a LLaVA-558K row at 729 image tokens: the image and a caption with its template
+
+
+@dataclass
+class TrainingMemory:
+    """What one process holds while training a stage (``training_estimate``)."""
+
+    parameters: int
+    trainable: int
+    weights_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    sequence_length: int
+
+    @property
+    def total_bytes(self) -> int:
+        return int(1.1 * (self.weights_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes))
+
+    def describe(self) -> str:
+        gib = 2**30
+        return (f"{self.parameters / 1e9:.2f}B parameters ({self.trainable / 1e6:.1f}M trained): weights "
+                f"{self.weights_bytes / gib:.1f} + gradients {self.gradient_bytes / gib:.1f} + AdamW "
+                f"{self.optimizer_bytes / gib:.1f} + activations {self.activation_bytes / gib:.1f} GiB (sequence "
+                f"{self.sequence_length}) ~= {self.total_bytes / gib:.1f} GiB (estimate)")
+
+
+def _part_sizes(config, lora_rank: int | None) -> dict:
+    """Parameters of each part of a LLaVA-style ``config`` (meta device) and, with ``lora_rank``, of LoRA adapters on
+    the LLM's attention and MLP linear layers (``anatomy.LLAVA.llm_linear_names``, what ``train --use_peft``
+    targets)."""
+    from transformers import AutoModelForImageTextToText
+
+    from llava_normaligned.anatomy import LLAVA
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    sizes = {"vision_tower": 0, "projector": 0, "llm": 0, "lora": 0}
+    for name, param in model.named_parameters():
+        sizes[LLAVA.part_of(name) or "llm"] += param.numel()
+    if lora_rank:
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and LLAVA.part_of(name) == "llm" \
+                    and name.rsplit(".", 1)[-1] in LLAVA.llm_linear_names:
+                sizes["lora"] += lora_rank * (module.in_features + module.out_features)
+    return sizes
+
+
+def training_estimate(config, *, stage: int, weight_dtype: str = "bfloat16", compute_dtype: str | None = None,
+                      batch_size: int = 1, sequence: int = TRAINING_SEQUENCE, lora_rank: int | None = None,
+                      checkpointing: bool = True) -> TrainingMemory:
+    """The memory of training one LLaVA-1.5 stage of ``config`` in one process: weights (``weight_dtype``), the
+    trained parameters' gradients and AdamW's two moments (in the parameters' dtype, as torch keeps them), and the
+    activations the backward keeps for ``batch_size`` rows of ``sequence`` tokens (``compute_dtype``: the autocast
+    dtype, else the weights'). Stage 1 trains the projector, stage 2 everything, or the projector and LoRA adapters
+    of rank ``lora_rank`` on the LLM. The LLM's activations are kept in every stage (the projector's gradient flows
+    back through it); the vision tower's only when it trains. Per token and layer a Llama-style decoder keeps about
+    6 x width + 2 x KV width + 4 x MLP width values (norm outputs, q/k/v, attention output, residual; gate, up and
+    their product), a ViT layer 7 x width + 2 x MLP width; with ``checkpointing`` only each layer's input is kept,
+    plus one layer's activations while it is recomputed. The logits are not: TRL's fused LM head scores the answer
+    positions tile by tile. An estimate: allocator slack is the 10 % of ``total_bytes``."""
+    if stage not in (1, 2) or (lora_rank and stage == 1):
+        raise ValueError(f"stage must be 1 or 2 (LoRA: stage 2), got stage={stage!r}, lora_rank={lora_rank!r}")
+    weight_size, compute_size = BYTES[weight_dtype], BYTES[compute_dtype or weight_dtype]
+    sizes = _part_sizes(config, lora_rank)
+    parameters = sizes["vision_tower"] + sizes["projector"] + sizes["llm"]
+    if stage == 1:
+        trainable = sizes["projector"]
+    elif lora_rank:
+        trainable = sizes["projector"] + sizes["lora"]
+    else:
+        trainable = parameters
+    text, vision = config.get_text_config(), config.vision_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_width = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) * head_dim
+    per_llm_layer = 6 * text.hidden_size + 2 * kv_width + 4 * text.intermediate_size  # values per token
+    activations = _kept(sequence, text.num_hidden_layers, per_llm_layer, text.hidden_size, checkpointing)
+    if stage == 2 and not lora_rank:  # the vision tower trains: its activations are kept too
+        layers, width = _vision_layers_width(vision)
+        patches = (vision.image_size // vision.patch_size) ** 2
+        activations += _kept(patches, layers, 7 * width + 2 * vision.intermediate_size, width, checkpointing)
+    return TrainingMemory(
+        parameters=parameters, trainable=trainable, weights_bytes=(parameters + sizes["lora"]) * weight_size,
+        gradient_bytes=trainable * weight_size, optimizer_bytes=2 * trainable * weight_size,
+        activation_bytes=batch_size * activations * compute_size, sequence_length=sequence)
+
+
+def _kept(tokens: int, layers: int, per_layer: int, width: int, checkpointing: bool) -> int:
+    """Values one row keeps for the backward through ``layers`` layers."""
+    if checkpointing:
+        return tokens * (layers * width + per_layer)  # every layer's input, one layer recomputed
+    return tokens * layers * per_layer
 
 
 # ------------------------------------------------------------------------------------- reference architectures
@@ -211,6 +311,24 @@ def reference_table(batch_sizes=(1, 4)) -> str:
     return "\n".join(lines)
 
 
+def training_table(name: str = "SigLIP-so400m-384 + Llama-3.2-3B (paper)", batch_sizes=(1, 4),
+                   sequence: int = 1000) -> str:
+    """The memory of training each stage of a reference architecture (``training_estimate``), bf16 weights and
+    compute, gradient checkpointing on, ``sequence`` tokens a row (stage 1: ``TRAINING_SEQUENCE``)."""
+    config = reference_config(name)
+    lines = [f"| {name} | " + " | ".join(f"batch {b}" for b in batch_sizes) + " |",
+             "|---|" + "---|" * len(batch_sizes)]
+    for label, kwargs in (("stage 1 (projector)", {"stage": 1, "sequence": TRAINING_SEQUENCE}),
+                          ("stage 2, LoRA rank 16", {"stage": 2, "lora_rank": 16, "sequence": sequence}),
+                          ("stage 2, full (bf16 weights, AdamW)", {"stage": 2, "sequence": sequence}),
+                          ("stage 2, full (fp32 weights, bf16 autocast)",
+                           {"stage": 2, "sequence": sequence, "weight_dtype": "float32",
+                            "compute_dtype": "bfloat16"})):
+        cells = [training_estimate(config, batch_size=b, **kwargs) for b in batch_sizes]
+        lines.append(f"| {label} | " + " | ".join(f"{c.total_bytes / 2**30:.1f} GiB" for c in cells) + " |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------ time (FLOPs)
 
 VISION_PREFIXES = ("visual.", "vision_tower.", "vision_model.", "vision_encoder.")
@@ -272,11 +390,15 @@ def pass_shape(config) -> PassShape:
                      layers, width, tokens, per_block, blocks)
 
 
-def pass_flops(shape: PassShape, sequence: int, with_image: bool = True, scored: int = 1, cached: int = 0) -> float:
+def pass_flops(shape: PassShape, sequence: int, with_image: bool = True, scored: int = 1, cached: int = 0,
+               causal: bool = False) -> float:
     """Multiply-add FLOPs (2 per MAC) of one forward pass over ``sequence`` new tokens after ``cached`` ones: the
     matmuls of the vision encoder (when ``with_image``), of the decoder, its attention scores and mixing, and the LM
-    head at ``scored`` positions. Norms, activations and RoPE are left out (a few per cent)."""
-    flops = 2.0 * shape.llm_parameters * sequence + 4.0 * shape.num_layers * sequence * (sequence + cached) \
+    head at ``scored`` positions. Norms, activations and RoPE are left out (a few per cent). ``causal``: the decoder's
+    attention scores only the keys each query sees (an attention kernel that skips the masked half, as sdpa's and
+    flash attention's causal paths do); otherwise every query against every key."""
+    keys = cached + (sequence + 1) / 2 if causal else sequence + cached  # keys a query attends to, on average
+    flops = 2.0 * shape.llm_parameters * sequence + 4.0 * shape.num_layers * sequence * keys \
         * shape.attention_width + 2.0 * shape.vocab_size * shape.hidden_size * scored
     if with_image:
         patches = shape.patches_per_block * shape.vision_blocks
@@ -333,6 +455,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     make_parser().parse_args(argv)
     print(reference_table())
+    print()
+    print(training_table())
     print()
     print(time_table())
     return 0

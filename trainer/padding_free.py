@@ -1,0 +1,186 @@
+"""Padding-free batches for a LLaVA-style VLM: the rows of a batch as one sequence, no pad tokens.
+
+TRL refuses packing and padding-free batches for vision data; for a model with 1-D RoPE they are exact. The collator
+builds the padded batch as usual (answer-only labels, image tags expanded) and ``pack_rows`` then keeps only the real
+tokens, row after row:
+
+    input_ids (B, L) + attention_mask (B, L)  ->  input_ids (1, N), N = sum of the rows' lengths
+    position_ids                              ->  (1, N): 0, 1, ..., len_0 - 1, 0, 1, ..., len_1 - 1, ...
+    labels                                    ->  (1, N), -100 at each row's first token (never predicted from the
+                                                  row before it)
+    pixel_values                              ->  unchanged: LLaVA scatters the image features over the image tokens
+                                                  in order, and the order is the padded batch's
+    use_cache                                 ->  False (with a cache, transformers does not look for packed rows)
+
+There is no attention mask: transformers finds the rows from the restarting ``position_ids``
+(``masking_utils.find_packed_sequence_indices``). For eager attention it builds the block-diagonal causal mask; flash
+attention takes its variable-length path from the same ``position_ids``. For sdpa, whose dense block-diagonal mask
+costs (sum of lengths)^2 where the rows need the sum of their squares, the LLM's attention is switched, while
+training, to ``PACKED_SDPA``: transformers' own sdpa run row by row (``is_causal``, no mask), registered with
+transformers' public ``AttentionInterface``. The vision tower is not touched (it sees whole images, never packed).
+
+The losses and gradients are the padded batch's: the loss is summed over the same answer tokens and divided by the
+same count (the Trainer's ``num_items_in_batch``, which counts ``labels[..., 1:]`` across the accumulated batches
+exactly as for padded batches).
+
+Refused with one line: a multimodal-RoPE family (Qwen2/2.5/3-VL: its 3-D positions are not a per-row ``arange``) and
+an attention implementation that ignores packed positions (``REFUSED_IMPLEMENTATIONS``: the paged ones, which read a
+cache's layout instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PACKED_SDPA = "llava_normaligned_packed_sdpa"
+# implementations that find the rows from packed position_ids (transformers' masks, or flash attention's varlen path)
+PACKED_AWARE = ("eager", "sdpa", "flex_attention", PACKED_SDPA)
+
+
+def pack_rows(batch: dict, ignore_index: int) -> dict:
+    """A right-padded batch -> one packed row (module docstring). Every (B, L) tensor is packed alike; the others
+    (``pixel_values``, counts) pass through. ``ignore_index``: the label of a token that is not trained on."""
+    mask = batch["attention_mask"].bool()  # (B, L)
+    shape = mask.shape
+    lengths = mask.sum(dim=1)  # (B,)
+    packed = {}
+    for key, value in batch.items():
+        if key == "attention_mask":
+            continue
+        if isinstance(value, torch.Tensor) and value.shape[:2] == shape:
+            value = value[mask].unsqueeze(0)  # (1, N), rows in order (boolean indexing is row-major)
+        packed[key] = value
+    starts = torch.cumsum(lengths, dim=0) - lengths  # (B,) where each row begins in the packed row
+    if "labels" in packed:
+        packed["labels"] = packed["labels"].clone()
+        packed["labels"][0, starts] = ignore_index
+    offsets = torch.repeat_interleave(starts, lengths)  # (N,)
+    packed["position_ids"] = (torch.arange(int(lengths.sum())) - offsets).unsqueeze(0)  # (1, N)
+    # transformers looks for packed rows only when there is no cache: a forward that made one (use_cache defaults to
+    # the config's True outside the trainers) would let the rows attend to each other
+    packed["use_cache"] = False
+    return packed
+
+
+# ------------------------------------------------------------------------------------ which models can take it
+
+
+def check_padding_free(model) -> None:
+    """Raise ``ValueError`` (one line) where packed rows would be wrong: multimodal RoPE, or an attention
+    implementation that ignores packed positions."""
+    from llava_normaligned.anatomy import family_of, unwrap
+
+    config = unwrap(model).config
+    family = family_of(config)
+    text = config.get_text_config()
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if (family is not None and family.positions != "1d") or (isinstance(rope, dict) and "mrope_section" in rope):
+        name = family.name if family is not None else config.model_type
+        raise ValueError(f"--padding_free: {name} places image tokens with multimodal RoPE (3-D positions), which a "
+                         "packed row's restarting positions cannot express; train it with padded batches")
+    implementation = text._attn_implementation
+    if not (implementation in PACKED_AWARE or "flash" in str(implementation)):
+        raise ValueError(f"--padding_free: the LLM's attention implementation {implementation!r} ignores packed "
+                         f"positions (rows would attend to each other); use one of {', '.join(PACKED_AWARE[:3])} or "
+                         "flash_attention_2")
+
+
+def _plain_causal(text_config) -> bool:
+    """Full causal attention in every layer (no sliding window, no soft-capping): what ``PACKED_SDPA`` computes."""
+    window = getattr(text_config, "sliding_window", None)
+    if window and getattr(text_config, "use_sliding_window", True):
+        return False
+    layer_types = getattr(text_config, "layer_types", None) or ()
+    return all(kind == "full_attention" for kind in layer_types) and not getattr(
+        text_config, "attn_logit_softcapping", None)
+
+
+# ------------------------------------------------------------------------------------ row-by-row sdpa
+
+
+class _Rows:
+    """The rows of the last packed ``position_ids`` seen: every layer of one forward reads the same tensor, so the
+    boundaries are found once per forward (one device-to-host copy)."""
+
+    def __init__(self):
+        self.position_ids = None
+        self.bounds = None
+
+    def of(self, position_ids: torch.Tensor | None) -> list[tuple[int, int]] | None:
+        if position_ids is None or position_ids.ndim != 2 or position_ids.shape[0] != 1:
+            return None
+        if position_ids is not self.position_ids:
+            ids = position_ids[0]
+            starts = torch.nonzero(ids[1:] != ids[:-1] + 1).flatten() + 1  # a row starts where positions do not step
+            edges = [0, *starts.tolist(), ids.numel()]
+            self.position_ids, self.bounds = position_ids, list(zip(edges[:-1], edges[1:]))
+        return self.bounds if len(self.bounds) > 1 else None
+
+
+_ROWS = _Rows()
+
+
+def packed_sdpa_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                                  scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+    """transformers' sdpa, row by row on a packed row (batch 1, no mask, no cache); otherwise transformers' sdpa as is.
+    query/key/value: (1, heads, N, head_dim) -> (1, N, heads, head_dim)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = None
+    if attention_mask is None and query.shape[0] == 1 and query.shape[2] == key.shape[2] > 1:
+        bounds = _ROWS.of(kwargs.get("position_ids"))
+    if bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    # split, not sliced: the backward of a split is one concatenation, a slice's backward a zero-filled full-size
+    # gradient per row
+    sizes = [b - a for a, b in bounds]
+    rows = [sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                   **kwargs)[0]
+            for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2))]
+    return torch.cat(rows, dim=1), None
+
+
+def _packed_sdpa_mask(*args, attention_mask=None, **kwargs):
+    """No mask for a batch without padding (packed or not: the attention runs causally row by row); sdpa's own mask
+    for a padded one."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention_forward)
+    AttentionMaskInterface.register(PACKED_SDPA, _packed_sdpa_mask)
+
+
+@contextlib.contextmanager
+def packed_attention(model, enabled: bool = True):
+    """While training padding-free: an sdpa LLM with plain causal attention runs it row by row (``PACKED_SDPA``);
+    its implementation is restored on exit (what is saved names transformers' own). Other implementations already
+    handle packed rows and are left as they are."""
+    from llava_normaligned.anatomy import unwrap
+
+    core = unwrap(model)
+    text = core.config.get_text_config() if enabled else None
+    if text is None or text._attn_implementation != "sdpa" or not _plain_causal(text) or text is core.config:
+        yield
+        return
+    _register()
+    core.set_attn_implementation({"text_config": PACKED_SDPA})
+    logger.info("padding-free: the LLM's sdpa attention runs row by row on packed batches")
+    try:
+        yield
+    finally:
+        core.set_attn_implementation({"text_config": "sdpa"})
+
+
+__all__ = ["PACKED_SDPA", "check_padding_free", "pack_rows", "packed_attention", "packed_sdpa_attention_forward"]
