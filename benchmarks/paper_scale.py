@@ -43,6 +43,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -209,6 +210,7 @@ def run_train(opts, stage: int, name: str, model: str, data, workdir: str, env: 
     with open(os.path.join(out, "training_summary.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
     steps = steps_from_events(out)[max(0, opts.warmup - 1):]  # the first step has no gap before it
+    shutil.rmtree(out, ignore_errors=True)  # a 3.65B run writes ~7 GB; the next run needs the disk
     return {"ok": True, "steps": steps, "memory": {**summary["memory"], **memory},
             "rows_per_step": opts.batch_size, "tokens": summary["data"]["prepare"],
             "padding_free": summary["training"]["padding_free"],
@@ -225,6 +227,7 @@ def run_stock(opts, stage: int, model: str, data, workdir: str, env: dict) -> di
         return {"ok": False, "error": tail}
     with open(os.path.join(out, "stock.json"), encoding="utf-8") as handle:
         result = json.load(handle)
+    shutil.rmtree(out, ignore_errors=True)
     result["memory"].update(memory)
     result["steps"] = result["steps"][max(0, opts.warmup - 1):]
     return {"ok": True, **result}
@@ -378,7 +381,10 @@ def main(argv=None) -> int:
         results["matmul_peak_gflops"] = peak / 1e9
     print(f"{shape}; {about['cpu']} ({', '.join(about['cpu_flags'])}); {opts.dtype}; peak {peak / 1e9:.0f} GFLOP/s",
           flush=True)
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    # every run gets the same threads (stock TRL would take torch's default, `train` picks the free cores)
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(torch.get_num_threads())))
+    results["threads"] = int(env["OMP_NUM_THREADS"])
     with tempfile.TemporaryDirectory() as workdir:
         env["HF_DATASETS_CACHE"] = os.path.join(workdir, "datasets_cache")
         os.environ["HF_DATASETS_CACHE"] = env["HF_DATASETS_CACHE"]
@@ -390,6 +396,10 @@ def main(argv=None) -> int:
         if opts.zero2:
             results["zero2_single_process"] = zero2_step(opts, ours, write_rows(workdir, 1, opts.rows), workdir, env)
             print("ZeRO-2, one process:", {k: v for k, v in results["zero2_single_process"].items() if k != "error"})
+    if not on_gpu:  # other work while the peak was measured only lowers it: measure again, keep the best
+        again = machine.matmul_peak(torch.bfloat16 if opts.dtype == "bfloat16" else torch.float32) * 1e9
+        results["matmul_peak_gflops_end"] = again / 1e9
+        rescore(results, max(peak, again))
     if opts.json:
         os.makedirs(os.path.dirname(os.path.abspath(opts.json)), exist_ok=True)
         with open(opts.json, "w", encoding="utf-8") as handle:
@@ -397,6 +407,16 @@ def main(argv=None) -> int:
     runs = [run for stage in results["stages"].values() for run in stage["runs"].values()]
     runs += [results["zero2_single_process"]] if opts.zero2 else []
     return 0 if all(run.get("ok") for run in runs) else 1
+
+
+def rescore(results: dict, peak: float) -> None:
+    """MFU of every run against ``peak`` FLOP/s (the best matmul rate measured in the run)."""
+    results["matmul_peak_gflops"] = peak / 1e9
+    for number, stage in results["stages"].items():
+        for name, run in stage["runs"].items():
+            if run.get("ok"):
+                run["mfu"] = run["model_flops_per_s"] / peak
+                print(f"stage {number} {name:22} MFU {run['mfu']:.1%} of {peak / 1e9:.0f} GFLOP/s", flush=True)
 
 
 def run_stage(opts, stage: int, ours: str, stock: str, workdir: str, env: dict, peak: float) -> dict:

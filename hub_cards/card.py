@@ -25,8 +25,9 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from llava_normaligned.anatomy import LLAVA_NORMALIGNED, family_of
+from llava_normaligned.public_names import hide_local_paths
 
-from .selfcheck import TOKEN_PATTERN, hide_local_paths, remote_code_files, require_model_folder, safetensors_header
+from .selfcheck import TOKEN_PATTERN, remote_code_files, require_model_folder, safetensors_header
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "modelcard.md"
 PAPER_ARXIV = "2512.08374"
@@ -170,7 +171,7 @@ def _cells(rows):
 
 
 def public(text: str) -> str:
-    """What a card may print of a recorded value: no token, no absolute local path (only its last component)."""
+    """What a card may print of a recorded value: no token, no local path (only its own name)."""
     return hide_local_paths(TOKEN_PATTERN.sub("hf_***", text))
 
 

@@ -4,11 +4,12 @@
     llava-normaligned pull me/llava-na-3b [--revision REV] [--local-dir DIR]
 
 ``push`` checks the folder first (``selfcheck``: safetensors only, remote code that imports only torch and
-transformers, no token in any file, the files to upload load in a fresh process without this package), renders the
-model card, and uploads everything in ONE commit: a push that fails midway leaves the repo as it was, and a repo or
-branch that the push created for that commit is deleted again. A second, README-only commit then pins the card's
-usage snippets to the first commit's hash. Both talk to the Hub through ``huggingface_hub``, which takes the
-endpoint from ``HF_ENDPOINT`` and the token from ``HF_TOKEN`` (or ``hf auth login``).
+transformers, no token in any file, no path on this machine in any record, the files to upload load in a fresh
+process without this package), renders the model card, and uploads everything in ONE commit: a push that fails
+midway leaves the repo as it was, and a repo or branch that the push created for that commit is deleted again. A
+second, README-only commit then pins the card's usage snippets to the first commit's hash. Both talk to the Hub
+through ``huggingface_hub``, which takes the endpoint from ``HF_ENDPOINT`` and the token from ``HF_TOKEN`` (or
+``hf auth login``).
 
 ``pull`` downloads one commit, never a pickle file (whatever the case of its suffix), and lists the remote code it
 holds: the sha256 of every Python file, and every ``auto_map`` entry that points into another repo.
@@ -37,11 +38,13 @@ from .selfcheck import (
     SelfCheckError,
     UploadPlan,
     auto_map_entries,
+    LocalPathError,
     check_checkpoint_folder,
+    check_local_paths,
+    check_text_paths,
     find_secrets,
     is_cross_repo,
     known_tokens,
-    local_path_warnings,
     scrub,
     self_check,
 )
@@ -83,7 +86,6 @@ class PushResult:
     uploaded: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # also logged: local paths in uploaded records, ...
 
 
 def _check_repo_id(repo_id: str) -> None:
@@ -155,8 +157,9 @@ def push(
     ``revision``: the branch to commit to (created from main if missing; default main). ``token`` / ``endpoint``:
     default ``HF_TOKEN`` (or the saved login) / ``HF_ENDPOINT``. ``include``: extra file patterns to upload.
     ``check_load=False`` skips the fresh-process load (the static checks always run). ``pin_card``: follow with a
-    README-only commit whose usage snippets pin the model commit's hash. Raises ``SelfCheckError`` (the folder) or
-    ``PushError`` (the Hub), both without tokens. A repo or branch created by this call is deleted again when the
+    README-only commit whose usage snippets pin the model commit's hash. Raises ``SelfCheckError`` (the folder;
+    ``LocalPathError`` when a file to upload, or the card, names a path on this machine) or ``PushError`` (the Hub),
+    both without tokens. A repo or branch created by this call is deleted again when the
     commit fails, so that a failed push leaves nothing behind.
     """
     _check_repo_id(repo_id)
@@ -167,13 +170,12 @@ def push(
     files = upload_files(plan, options)
     external = {p: f for p, f in files.items() if p not in plan.upload}  # --diagnostics / --eval files
     find_secrets(list(external.values()), tokens)
-    warnings = plan.warnings + local_path_warnings(external)
-    for warning in warnings[len(plan.warnings):]:
-        logger.warning("%s", warning)
+    check_local_paths(external)
     branch = revision or "main"
     card_options_ = dataclasses.replace(options, repo_id=repo_id, revision=None, branch=branch)
     card = render_card(plan.folder, card_options_)
     check_card(card)
+    check_text_paths("README.md (the rendered model card)", str(card))
     if scrub(str(card), tokens) != str(card):  # every source file was scanned; the card is checked all the same
         raise SelfCheckError("the rendered model card holds what looks like a Hugging Face access token")
     message = commit_message or f"Upload {plan.folder.resolve().name} with llava-normaligned {package_version()}"
@@ -193,8 +195,7 @@ def push(
         undone = scrub(_undo(api, repo_id, branch, created), tokens)
         raise PushError(f"push to {repo_id} failed, nothing was committed{undone}: {reason}") from None
     card_commit = _pin_card(api, plan.folder, repo_id, branch, commit.oid, card_options_, tokens) if pin_card else None
-    return PushResult(repo_id, commit.oid, card_commit, branch, sorted(files) + ["README.md"], deleted, plan.skipped,
-                      warnings)
+    return PushResult(repo_id, commit.oid, card_commit, branch, sorted(files) + ["README.md"], deleted, plan.skipped)
 
 
 @dataclass
@@ -342,7 +343,8 @@ def make_push_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repo-id", required=True, help="NAMESPACE/NAME; created if missing")
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--revision", default=None, metavar="BRANCH", help="branch to commit to (default main)")
-    parser.add_argument("--commit-message", default=None)
+    parser.add_argument("--commit-message", default=None,
+                        help="the commit's message (default: \"Upload FOLDER with llava-normaligned VERSION\")")
     parser.add_argument("--token", default=None,
                         help="Hub token (default HF_TOKEN or the saved login; prefer those: a flag shows in `ps`)")
     parser.add_argument("--include", action="append", default=[], metavar="PATTERN",
@@ -371,6 +373,7 @@ def push_main(argv: list[str] | None = None) -> int:
                               load=not args.skip_load_check)
             card = render_card(plan.folder, dataclasses.replace(options, repo_id=args.repo_id, branch=args.revision))
             check_card(card)
+            check_text_paths("README.md (the rendered model card)", str(card))
             print(plan.summary())
             print("  + README.md (rendered model card)\ndry run: nothing uploaded")
             return 0
@@ -379,6 +382,8 @@ def push_main(argv: list[str] | None = None) -> int:
             commit_message=args.commit_message, token=args.token, options=options, include=tuple(args.include),
             check_load=not args.skip_load_check, pin_card=not args.no_pin_card,
         )
+    except LocalPathError as error:  # the folder's records must be rewritten: bad input, as a missing folder
+        return fail("push", scrub(str(error), known_tokens(args.token)))
     except (SelfCheckError, PushError, ValueError) as error:
         print(f"llava-normaligned push: {scrub(str(error), known_tokens(args.token))}", file=sys.stderr)
         return 1
@@ -398,7 +403,7 @@ def make_pull_parser() -> argparse.ArgumentParser:
         prog="llava-normaligned pull",
         description="Download a checkpoint from the Hub (pickle files excluded) and show the remote code it holds.",
     )
-    parser.add_argument("repo_id", metavar="NS/NAME")
+    parser.add_argument("repo_id", metavar="NS/NAME", help="the Hub model repo, NAMESPACE/NAME")
     parser.add_argument("--revision", default=None, help="branch, tag or commit hash (default main)")
     parser.add_argument("--local-dir", default=None, help="download here instead of the Hub cache")
     parser.add_argument("--token", default=None, help="Hub token (default HF_TOKEN or the saved login)")

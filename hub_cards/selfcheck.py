@@ -13,8 +13,9 @@ A folder is published only if someone who has torch and transformers, but not th
    the standard library and each other.
 4. ``find_secrets``: no Hub access token in any uploaded file (every byte of every file is scanned; of a
    safetensors file, its header, the only part that can hold text).
-5. ``local_path_warnings``: the records (``training_summary.json``, ``diagnostics/``, ``eval/``) that name absolute
-   local paths are reported: they would publish the folder layout of the machine they were written on.
+5. ``check_local_paths``: no record (``training_summary.json``, ``diagnostics/``, ``eval/``, the configs) names a
+   path on this machine (``llava_normaligned.public_names``): it would publish the machine's folder layout and the
+   user's name.
 6. ``check_loads``: exactly the files to upload, staged in a scratch folder, load in a fresh Python process in which
    this package cannot be imported (``run_without_package``) with ``AutoModelForImageTextToText`` and
    ``AutoProcessor`` (``trust_remote_code=True``), with no missing, unexpected or mismatched weights.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import ast
 import fnmatch
 import json
-import logging
 import os
 import re
 import struct
@@ -36,7 +36,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+from llava_normaligned.public_names import hide_local_paths, local_paths_in
 
 # ------------------------------------------------------------------------------------------------ what is uploaded
 
@@ -81,13 +81,11 @@ class SelfCheckError(ValueError):
 
 @dataclass
 class UploadPlan:
-    """What a push uploads from ``folder`` (relative posix paths), what it leaves out (with the reason), and what
-    the checks found worth a warning without refusing the push."""
+    """What a push uploads from ``folder`` (relative posix paths), and what it leaves out (with the reason)."""
 
     folder: Path
     upload: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
     def skipped_summary(self) -> list[tuple[str, str]]:
         """``skipped`` with the files of a left-out folder (``checkpoint-500/...``) folded into one line."""
@@ -406,29 +404,77 @@ def find_secrets(paths, tokens: list[str]) -> None:
 
 # --------------------------------------------------------------------------------------------------- local paths
 
-# An absolute local path: /a/b..., ~/a..., C:\a\b... (two components at least), not preceded by a word character,
-# "/", "." or ":" so that URLs (https://host/a/b), relative paths (eval/x.png) and ratios (1/2) are not taken for one.
-LOCAL_PATH = re.compile(r"(?<![\w.:/\\~-])(?:~|[A-Za-z]:)?(?:[/\\]{1,2}[\w.@+~-]+){2,}[/\\]?")
+# Files read as records (what this package, transformers, TRL or a user wrote about the model) and scanned for local
+# paths: text files other than the vocabulary files (their strings are tokens), the chat template (the model's own
+# text), code, images and weights; of a safetensors file, the metadata in its header.
+PATH_SCANNED = ("*.json", "*.jsonl", "*.md", "*.csv", "*.tsv", "*.yaml", "*.yml", "*.txt", "*.log", "*.safetensors")
+VOCABULARY_FILES = (
+    "tokenizer.json", "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json", "special_tokens_map.json",
+)
 
 
-def hide_local_paths(text: str) -> str:
-    """``text`` with each absolute local path replaced by its last component (``/home/a/run/ckpt`` -> ``ckpt``)."""
-    return LOCAL_PATH.sub(lambda m: re.split(r"[/\\]+", m.group(0).rstrip("/\\"))[-1], text)
+class LocalPathError(SelfCheckError):
+    """A file to publish names a path on this machine (``llava_normaligned.public_names``)."""
 
 
-def local_path_warnings(files: dict[str, Path]) -> list[str]:
-    """One line for each record (path in repo -> local file) that names absolute local paths."""
-    warnings = []
-    for in_repo, full in sorted(files.items()):
-        if not _matches(in_repo, RECORD_PATTERNS) or in_repo.endswith((".png", ".svg")):
-            continue
-        found = LOCAL_PATH.findall(full.read_text(encoding="utf-8", errors="replace"))
+def _strings(node):
+    """Every string of a parsed JSON document, keys included."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _strings(key)
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def _texts(path: Path):
+    """What a file says, as the reader of the published file reads it: a JSON file's strings decoded (so that an
+    escape such as ``"A:\\nB"`` is not taken for a Windows path), any other text as it is."""
+    if path.name.endswith(".safetensors"):
+        yield from _strings(safetensors_header(path).get("__metadata__") or {})
+        return
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines() if path.name.endswith(".jsonl") else [text]
+    for line in lines:
+        try:
+            yield from _strings(json.loads(line)) if path.name.endswith((".json", ".jsonl")) else [line]
+        except json.JSONDecodeError:
+            yield line
+
+
+def first_local_path(path: Path) -> str | None:
+    """The first local path a file to publish names, or None."""
+    for text in _texts(path):
+        found = local_paths_in(text)
         if found:
-            warnings.append(
-                f"{in_repo} names {len(found)} absolute local path(s), e.g. {found[0]!r}: they will be public "
-                "(the model card shows only their last component)"
-            )
-    return warnings
+            return found[0]
+    return None
+
+
+def check_local_paths(files: dict[str, Path]) -> None:
+    """Refuse to publish a record (path in repo -> local file) that names a path on this machine."""
+    for in_repo, full in sorted(files.items()):
+        name = in_repo.rpartition("/")[2]
+        if not _matches(name, PATH_SCANNED) or name in VOCABULARY_FILES:
+            continue
+        found = first_local_path(full)
+        if found is not None:
+            raise LocalPathError(local_path_message(str(full), found))
+
+
+def check_text_paths(where: str, text: str) -> None:
+    """Refuse to publish ``text`` (the rendered model card, named ``where``) if it names a path on this machine."""
+    found = local_paths_in(text)
+    if found:
+        raise LocalPathError(local_path_message(where, found[0]))
+
+
+def local_path_message(where: str, found: str) -> str:
+    return (f"{where} names the local path {found!r}: what is published names a file or folder by its own name "
+            f"({hide_local_paths(found)!r}); rewrite or remove it, then push again")
 
 
 # ------------------------------------------------------------------------------------------------- a fresh Python
@@ -576,15 +622,13 @@ def self_check(
     load: bool = True,
     load_timeout: float | None = None,
 ) -> UploadPlan:
-    """Every check above, cheapest first. Returns the upload plan (with ``warnings``, also logged); raises
-    ``SelfCheckError`` naming the problem."""
+    """Every check above, cheapest first. Returns the upload plan; raises ``SelfCheckError`` naming the problem
+    (``LocalPathError`` for a local path)."""
     plan = plan_upload(folder, include)
     check_weights(plan)
     check_remote_code(plan)
     find_secrets([plan.folder / p for p in plan.upload], known_tokens() if tokens is None else tokens)
-    plan.warnings += local_path_warnings({p: plan.folder / p for p in plan.upload})
-    for warning in plan.warnings:
-        logger.warning("%s", warning)
+    check_local_paths({p: plan.folder / p for p in plan.upload})
     if load:
         check_loads(plan.folder, plan.upload, timeout=load_timeout)
     return plan

@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from .anatomy import anatomy_of
-from .cli import fail
+from .cli import POSITIVE, check_number, check_output_folder, fail, removed_unless_kept
 from .loading import TRUST_REMOTE_CODE_DEFAULT, add_trust_remote_code_flags, check_source, dtype_argument, parse_dtype
+from .public_names import public_name
 
 if TYPE_CHECKING:  # torch and transformers are imported where a model is built: `--help` does not wait for them
     import torch
@@ -108,6 +109,42 @@ def _vision_parts(vision_model: str, revision: str | None, dtype, trust_remote_c
     return vision_config, source
 
 
+def _is_vision_encoder(config) -> bool:
+    vision = getattr(config, "vision_config", None) or config  # a dual encoder (CLIPModel, SiglipModel) or a tower
+    return all(hasattr(vision, key) for key in ("image_size", "patch_size", "num_hidden_layers"))
+
+
+def _is_causal_lm(config) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    return config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in auto_map
+
+
+def check_parts(vision_model: str, text_model: str, *, revision: str | None = None, text_revision: str | None = None,
+                trust_remote_code: bool | None = TRUST_REMOTE_CODE_DEFAULT, vision_feature_layer: int = -2) -> None:
+    """From the two configs only, before any weight is read: ``vision_model`` must be a vision encoder (a
+    ``*VisionModel``, or a dual encoder with a vision half), ``text_model`` a causal LM (the two swapped is said
+    so), and ``vision_feature_layer`` one of the encoder's hidden states. A ``ValueError`` names the flag."""
+    from .loading import load_config
+
+    vision_config = load_config(vision_model, revision=revision, trust_remote_code=trust_remote_code)
+    text_config = load_config(text_model, revision=text_revision, trust_remote_code=trust_remote_code)
+    if not _is_vision_encoder(vision_config) and _is_vision_encoder(text_config) and _is_causal_lm(vision_config):
+        raise ValueError(f"--vision-model {vision_model} is a {vision_config.model_type} language model and "
+                         f"--text-model {text_model} a {text_config.model_type} vision encoder: swap the two flags")
+    if not _is_vision_encoder(vision_config):
+        raise ValueError(f"--vision-model {vision_model}: a {vision_config.model_type} model, not a vision encoder "
+                         "(SigLIP, SigLIP2, CLIP: a config with image_size and patch_size); give the vision encoder")
+    if not _is_causal_lm(text_config):
+        raise ValueError(f"--text-model {text_model}: a {text_config.model_type} model, not a causal language model "
+                         "(Llama, Qwen2/2.5/3, SmolLM, ...); give the language model")
+    layers = (getattr(vision_config, "vision_config", None) or vision_config).num_hidden_layers
+    if not -(layers + 1) <= vision_feature_layer <= layers:  # hidden states: the embeddings, then each layer's
+        raise ValueError(f"--vision-feature-layer {vision_feature_layer}: {vision_model} has {layers} layers, so "
+                         f"{layers + 1} hidden states; give one in [-{layers + 1}, {layers}] (LLaVA-1.5: -2)")
+
+
 def input_embedding_weight(llm, name: str) -> torch.Tensor:
     """The (vocab, width) input-embedding matrix of a causal LM, or a clear error naming the model."""
     embeddings = llm.get_input_embeddings()
@@ -115,13 +152,6 @@ def input_embedding_weight(llm, name: str) -> torch.Tensor:
     if weight is None:
         raise ValueError(f"text model {name!r} has no input embeddings (get_input_embeddings() gives no weight)")
     return weight
-
-
-def _public_name(name_or_path: str) -> str:
-    """A Hub id as given; for a local folder only its name, so no local path is published in config.json."""
-    if os.path.isdir(name_or_path):
-        return os.path.basename(os.path.normpath(name_or_path))
-    return name_or_path
 
 
 def _select_strategy(vision_config) -> tuple[str, int]:
@@ -179,6 +209,8 @@ def compose(
     """
     check_source(vision_model, "vision model", revision=revision)  # before the imports: a typo fails at once
     check_source(text_model, "text model", revision=text_revision)
+    check_parts(vision_model, text_model, revision=revision, text_revision=text_revision,
+                trust_remote_code=trust_remote_code, vision_feature_layer=vision_feature_layer)
     from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer
 
     from .tiny import IMAGE_TOKEN
@@ -255,7 +287,7 @@ def compose_parts(
 
     vision_dict, text_dict = vision_config.to_dict(), llm.config.to_dict()
     # Where each part came from, as the model card's base_model: a Hub id, never a local path (privacy).
-    vision_dict["_name_or_path"], text_dict["_name_or_path"] = _public_name(vision_name), _public_name(text_model)
+    vision_dict["_name_or_path"], text_dict["_name_or_path"] = public_name(vision_name), public_name(text_model)
     config = LlavaNormAlignedConfig(
         vision_config=vision_dict,
         text_config=text_dict,
@@ -314,6 +346,20 @@ def _missing_weight_error(source: str, missing: list[str]) -> ValueError:
     )
 
 
+def _check_stock_llava(source: str, revision: str | None) -> None:
+    """``source``'s config must be a stock LLaVA's, read before its weights."""
+    from modeling_llava_normaligned import LlavaNormAlignedConfig
+
+    from .loading import load_config
+
+    model_type = load_config(source, revision=revision).model_type
+    if model_type == LlavaNormAlignedConfig.model_type:
+        raise ValueError(f"--from-llava {source}: already a norm-aligned LLaVA; nothing to convert (load it as it is)")
+    if model_type != "llava":
+        raise ValueError(f"--from-llava {source}: a {model_type} checkpoint, not a stock LLaVA (model_type 'llava'); "
+                         "give a LlavaForConditionalGeneration checkpoint, or build one with `compose`")
+
+
 def convert_from_llava(
     source: str,
     *,
@@ -327,6 +373,7 @@ def convert_from_llava(
     """Turn a stock ``LlavaForConditionalGeneration`` checkpoint (legacy or current key layout) into a norm-aligned
     one. Every stock weight must be present; only the new norm is initialised. Returns (model, processor)."""
     check_source(source, "stock LLaVA checkpoint", revision=revision)  # before the imports: a typo fails at once
+    _check_stock_llava(source, revision)
     import torch
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
@@ -447,8 +494,10 @@ def make_compose_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--vision-model", required=True, help="Hub id or folder of the vision encoder")
     parser.add_argument("--text-model", required=True, help="Hub id or folder of the causal LM")
-    parser.add_argument("--vision-revision", default=None)
-    parser.add_argument("--text-revision", default=None)
+    parser.add_argument("--vision-revision", default=None,
+                        help="branch, tag or commit of --vision-model on the Hub (default: main)")
+    parser.add_argument("--text-revision", default=None,
+                        help="branch, tag or commit of --text-model on the Hub (default: main)")
     parser.add_argument("--vision-feature-layer", type=int, default=-2, help="default -2 (LLaVA-1.5)")
     add_trust_remote_code_flags(parser)
     _add_norm_options(parser)
@@ -461,14 +510,29 @@ def make_convert_parser() -> argparse.ArgumentParser:
         description="Turn a stock LlavaForConditionalGeneration checkpoint into a norm-aligned one.",
     )
     parser.add_argument("--from-llava", required=True, help="Hub id or folder of a stock LLaVA checkpoint")
-    parser.add_argument("--revision", default=None)
+    parser.add_argument("--revision", default=None,
+                        help="branch, tag or commit of --from-llava on the Hub (default: main)")
     _add_norm_options(parser)
     return parser
+
+
+def _check_arguments(args) -> None:
+    """compose / convert: the number options and --output-dir (new or empty: the model's files would mix with what
+    is there), before any model is read."""
+    check_number("--gradient-compensation-min", args.gradient_compensation_min, POSITIVE)
+    check_output_folder("--output-dir", args.output_dir, empty=True)
+
+
+def _save_new(model, processor, output_dir: str) -> None:
+    """``save``, leaving no half-written folder when it fails or is stopped (``cli.removed_unless_kept``)."""
+    with removed_unless_kept(output_dir):
+        save(model, processor, output_dir)
 
 
 def compose_main(argv: list[str] | None = None) -> int:
     args = make_compose_parser().parse_args(argv)
     try:
+        _check_arguments(args)
         model, processor = compose(
             args.vision_model,
             args.text_model,
@@ -481,7 +545,7 @@ def compose_main(argv: list[str] | None = None) -> int:
         )
     except (OSError, ValueError) as error:  # a model that is not there, or not one compose can take
         return fail("compose", error)
-    save(model, processor, args.output_dir)
+    _save_new(model, processor, args.output_dir)
     _report(model, args.output_dir)
     return 0
 
@@ -489,12 +553,13 @@ def compose_main(argv: list[str] | None = None) -> int:
 def convert_main(argv: list[str] | None = None) -> int:
     args = make_convert_parser().parse_args(argv)
     try:
+        _check_arguments(args)
         model, processor = convert_from_llava(
             args.from_llava, dtype=args.dtype, revision=args.revision, **_norm_kwargs(args)
         )
     except (OSError, ValueError) as error:
         return fail("convert", error)
-    save(model, processor, args.output_dir)
+    _save_new(model, processor, args.output_dir)
     _report(model, args.output_dir)
     return 0
 

@@ -15,7 +15,15 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .cli import fail
+from .cli import (
+    NON_NEGATIVE,
+    POSITIVE_COUNT,
+    BadInput,
+    check_input_file,
+    check_numbers,
+    check_output_file,
+    fail,
+)
 from .loading import (  # noqa: F401  (re-exported)
     DTYPE_NAMES,
     KEEP_UNQUANTIZED,
@@ -83,7 +91,8 @@ def make_parser() -> argparse.ArgumentParser:
         dest="quantization",
         help="LLM.int8 of the LLM's linear layers",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=256,
+                        help="tokens generated at most per answer (default 256)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     parser.add_argument("--system", default=None, help="optional system message")
     parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps, xpu")
@@ -137,41 +146,47 @@ def read_prompts_file(path: str) -> list[PromptRow]:
     return rows
 
 
-def _check_arguments(parser: argparse.ArgumentParser, args) -> Resume | None:
-    """Usage errors (exit 2) before any loading: missing or unreadable inputs, conflicting modes, bad numbers, an
-    output that exists or a partial one that does not belong to this run. Batch mode: the rows and the answers so far."""
+# the generation options' ranges, checked before anything loads
+NUMBERS = {"max_new_tokens": POSITIVE_COUNT, "batch_size": POSITIVE_COUNT, "temperature": NON_NEGATIVE}
+
+
+def _check_arguments(args) -> Resume | None:
+    """Bad input (``BadInput``, exit 2) found before any loading: missing or unreadable inputs, conflicting modes,
+    bad numbers, an output that exists or a partial one that does not belong to this run. Batch mode: the rows and
+    the answers so far."""
     from .generation import check_image_path
 
     if (args.prompt is None) == (args.prompts_file is None):
-        parser.error("give either --prompt (one answer, streamed) or --prompts-file (batch mode)")
-    if args.max_new_tokens < 1 or args.batch_size < 1:
-        parser.error("--max-new-tokens and --batch-size must be >= 1")
+        raise BadInput("give either --prompt (one answer, streamed) or --prompts-file (batch mode)")
+    check_numbers(args, NUMBERS)
     try:
         parse_dtype(args.dtype)
         if args.device != "auto":
             parse_device(args.device)
     except ValueError as error:
-        parser.error(str(error))
+        raise BadInput(str(error)) from None
     if args.prompts_file is None:
         if args.output or args.overwrite:
-            parser.error("--output and --overwrite are for batch mode (--prompts-file)")
+            raise BadInput("--output and --overwrite are for batch mode (--prompts-file)")
         for image in args.images:
             try:
                 check_image_path(image)
             except (FileNotFoundError, ValueError) as error:
-                parser.error(str(error))
+                raise BadInput(f"--image: {error}") from None
         return None
     if args.images:
-        parser.error("--image goes with --prompt; in batch mode each row names its images")
+        raise BadInput("--image goes with --prompt; in batch mode each row names its images")
     if not args.output:
-        parser.error("--prompts-file needs --output")
+        raise BadInput("--prompts-file needs --output")
+    check_input_file("--prompts-file", args.prompts_file)
+    check_output_file("--output", args.output)
     if os.path.exists(args.output) and not args.overwrite:
-        parser.error(f"--output {args.output} exists; pass --overwrite to replace it")
+        raise BadInput(f"--output {args.output} exists; pass --overwrite to replace it")
     try:
         rows = read_prompts_file(args.prompts_file)
         return Resume.start(args, rows)
     except (OSError, ValueError) as error:
-        parser.error(str(error))
+        raise BadInput(str(error)) from None
 
 
 # ------------------------------------------------------------------------------------------------- batch mode
@@ -307,9 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_source(args.model, revision=args.revision)  # first: a mistyped model fails before anything loads
-    except SourceNotFound as error:
+        resume = _check_arguments(args)
+    except (SourceNotFound, BadInput) as error:
         return fail("generate", error)
-    resume = _check_arguments(parser, args)
     try:
         model, processor, report = load_model(
             args.model,

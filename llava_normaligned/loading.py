@@ -382,28 +382,49 @@ class SourceNotFound(FileNotFoundError):
 REPO_ID_SHAPE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """A name no Hub repo id can be (absolute, ./, ../, ~, more than one slash, a space): a missing folder is then
     reported as such, without asking the Hub."""
     return os.path.isabs(name) or name.startswith((".", "~")) or ".." in name or not REPO_ID_SHAPE.match(name)
+
+
+# The weight files transformers and PEFT load from a folder: model.safetensors, pytorch_model.bin, a variant
+# (model.fp16.safetensors), a sharded checkpoint's index, an adapter's weights.
+WEIGHT_FILE = re.compile(r"^(model|pytorch_model|adapter_model)(\.[\w-]+)?\.(safetensors|bin)(\.index\.json)?$")
+
+
+def _check_model_folder(path: str, name: str, what: str) -> None:
+    """A local model folder must hold a config (``config.json``, or a PEFT adapter's ``adapter_config.json``) and
+    weights (``WEIGHT_FILE``); otherwise transformers fails later, with a traceback that names no flag."""
+    files = set(os.listdir(path))
+    if "config.json" not in files and "adapter_config.json" not in files:
+        raise SourceNotFound(f"{what} {name!r}: the folder holds no config.json, so it is no model folder; give the "
+                             "folder a model was saved to (save_pretrained, compose, train)")
+    if not any(WEIGHT_FILE.match(file) for file in files):
+        raise SourceNotFound(f"{what} {name!r}: the folder holds a config but no weights (model.safetensors, "
+                             "pytorch_model.bin or a sharded index); give a complete model folder (a run that was "
+                             "stopped leaves its last complete save in a checkpoint-N folder)")
 
 
 def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
-def check_source(name: str, what: str = "model", *, revision: str | None = None) -> None:
+def check_source(name: str, what: str = "model", *, revision: str | None = None, weights: bool = True) -> None:
     """Refuse, before anything is downloaded, a ``name`` that cannot be loaded: a path-like name that is no folder,
-    or, with ``HF_HUB_OFFLINE`` set, a Hub id the local cache does not hold. ``SourceNotFound`` names the input and
-    the way out in one line. A Hub id online is left to the Hub (``load_config`` words its answer)."""
+    a folder without a config or (``weights``) without weights, or, with ``HF_HUB_OFFLINE`` set, a Hub id the local
+    cache does not hold. ``SourceNotFound`` names the input and the way out in one line. A Hub id online is left to
+    the Hub (``load_config`` words its answer)."""
     if not isinstance(name, str) or not name:
         raise SourceNotFound(f"{what}: no model given; give a folder or a Hub repo id (namespace/name)")
     path = os.path.expanduser(name)
     if os.path.isdir(path):
+        if weights:
+            _check_model_folder(path, name, what)
         return
     if os.path.exists(path):
         raise SourceNotFound(f"{what} {name!r} is a file, not a model folder; give the folder that holds config.json")
-    if _looks_like_path(name):
+    if looks_like_path(name):
         raise SourceNotFound(
             f"{what} {name!r}: no such folder ({os.path.abspath(path)}); give an existing folder or a Hub repo id "
             "(namespace/name)"
@@ -435,7 +456,7 @@ def load_config(model_name_or_path: str, *, revision: str | None = None, trust_r
     remote code which was not trusted says how to opt in."""
     from transformers import AutoConfig
 
-    check_source(model_name_or_path, revision=revision)
+    check_source(model_name_or_path, revision=revision, weights=False)
     register_local_model()
     warn_unpinned_remote_code(model_name_or_path, revision, trust_remote_code)
     try:
@@ -533,8 +554,9 @@ def load_model(
     ``trust_remote_code``: None (default) is transformers' own resolution: this package's model and stock LLaVA load
     with the installed classes and run no code from the checkpoint; a checkpoint whose classes are not installed
     needs ``True`` (a warning asks to pin a commit hash for a Hub repo).
-    A checkpoint that lacks weights the model needs is refused (they would be randomly initialised); the norm-aligned
-    model's own ``from_pretrained`` allows only its projector norm to be missing (initialised to T/sqrt(D)).
+    A checkpoint that lacks weights the model needs is refused (they would be randomly initialised); only a
+    norm-aligned checkpoint's projector norm may be missing (initialised to T/sqrt(D), with a warning). The model
+    classes themselves load such a checkpoint as transformers does (initialised, reported): the refusal is here.
     The processor is the family's (``diagnostics.family_inputs.load_processor``: AutoProcessor, or a builder that
     needs no torchvision).
     Raises ``SourceNotFound`` (a FileNotFoundError) for a name that is no folder and no reachable repo, ImportError
@@ -592,16 +614,28 @@ def load_model(
 
 
 def _refuse_missing_weights(source: str, model, info: dict) -> None:
-    """A checkpoint that lacks weights the model needs would run with random ones: refuse it. The norm-aligned
-    model checks itself (its ``from_pretrained``, which the remote copy shares)."""
+    """A checkpoint that lacks weights the model needs would run with random ones: refuse it, whatever its class.
+
+    The model classes follow transformers' conventions (a missing weight is initialised and reported, not an
+    error), so this is where every command draws the line. One exception: a norm-aligned checkpoint without its
+    projector norm (a stock LLaVA's weights in this model's layout), whose norm the class initialises to T/sqrt(D)
+    and says so."""
     from modeling_llava_normaligned import LlavaNormAlignedConfig
 
-    missing = sorted(info.get("missing_keys") or [])
-    if missing and model.config.model_type != LlavaNormAlignedConfig.model_type:
+    norm_path = (family_of(model.config) or LLAVA).projector_norm_path
+    norm_aligned = model.config.model_type == LlavaNormAlignedConfig.model_type and norm_path is not None
+    missing = sorted(
+        k for k in (info.get("missing_keys") or []) if not (norm_aligned and k.startswith(norm_path + "."))
+    )
+    if missing:
         shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        way_out = "re-save or re-download it whole" + (
+            f" (a stock LLaVA checkpoint converts with `llava-normaligned convert --from-llava {source} "
+            "--output-dir OUT`)" if norm_aligned else ""
+        )
         raise ValueError(
             f"{source}: the checkpoint lacks weights the model needs ({shown}); they would be randomly "
-            "initialised. For a stock LLaVA checkpoint use `llava-normaligned convert`."
+            f"initialised, so it is refused: {way_out}"
         )
 
 
@@ -674,6 +708,7 @@ __all__ = [
     "dtype_argument",
     "load_config",
     "load_model",
+    "looks_like_path",
     "parse_device",
     "parse_dtype",
     "quantization_config",

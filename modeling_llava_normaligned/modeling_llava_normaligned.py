@@ -11,11 +11,12 @@ and its sibling configuration file only.
 """
 
 import math
+import re
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModel
+from transformers import AutoModel, GenerationMixin
 from transformers import initialization as init
 from transformers.models.llava.modeling_llava import (
     LlavaForConditionalGeneration,
@@ -207,33 +208,80 @@ def _is_norm_key(key: str) -> bool:
     return PROJECTOR_NORM_PATH + "." in key
 
 
+# A key of LLaVA's legacy layout, where the language model sat whole under ``language_model`` (its base under
+# ``language_model.model``, its head under ``language_model.lm_head``); in this model's layout the base is
+# ``language_model`` itself, with no ``model`` or ``lm_head`` inside. transformers maps that layout for stock LLaVA
+# only; loaded here, such keys come back unexpected (whatever prefix the loader added).
+_LEGACY_LLM_KEY = re.compile(r"(^|\.)language_model\.(model|lm_head)\.")
+
+
 class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
     config_class = LlavaNormAlignedConfig
     config: LlavaNormAlignedConfig
 
     @classmethod
-    def from_pretrained(cls, *args, allow_missing_weights: bool = False, **kwargs):
-        """``PreTrainedModel.from_pretrained`` that refuses to silently re-initialise missing weights.
+    def is_custom_code(cls) -> bool:
+        """False: weights are initialised as for a model inside transformers (stock LLaVA).
 
-        A checkpoint missing any weight but the projector norm's (which a stock LLaVA checkpoint lacks, and which
-        is initialised to T / sqrt(D)) is an error unless ``allow_missing_weights=True``. Stock LLaVA checkpoints
-        are best converted with ``llava-normaligned convert``, which maps either key layout.
+        transformers treats every class defined outside its package as custom code and then marks a module
+        initialised when its own parameters are, before that module's ``_init_weights`` runs. A vision tower's
+        attention and MLP modules hold no parameters of their own (their ``nn.Linear`` children do), so they were
+        skipped, and weights that ``from_pretrained`` fills in there (``q_proj``, ``fc1``, ...) kept the generic
+        std 0.02 instead of the vision model's own init. That shortcut exists for remote code that writes parameters
+        in place; this model initialises only through ``transformers.initialization`` (``_init_weights``), which
+        leaves loaded weights alone. ``is_remote_code()`` is untouched: ``save_pretrained`` still copies the code.
+        """
+        return False
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, with transformers' conventions for missing weights, and two refusals.
+
+        Missing weights are initialised as stock LLaVA initialises them and reported as transformers reports them
+        (its load report, ``output_loading_info=True``), plus one warning that names the checkpoint and the way
+        out. A missing projector norm (what a stock LLaVA lacks) is initialised to T / sqrt(D) and said in its own
+        warning. The package's loader (``llava_normaligned.loading.load_model``, behind every command) refuses any
+        checkpoint that lacks a weight other than the projector norm's.
+
+        Refused here, with the ``llava-normaligned convert --from-llava`` hint:
+
+        * a stock LLaVA checkpoint (its config's ``model_type`` is not this model's). transformers would load it
+          through LLaVA's key mapping and save it back in LLaVA's legacy key layout, under this model's config: a
+          folder this model cannot read;
+        * a checkpoint in LLaVA's legacy key layout (``language_model.model.*``, ``language_model.lm_head.*``)
+          under this model's config: transformers renames those keys for stock LLaVA only, so the whole language
+          model would stay random.
         """
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        missing = sorted(k for k in info.get("missing_keys", ()) if not _is_norm_key(k))
-        if missing and not allow_missing_weights:
-            source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-            shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        source = source if source is None or isinstance(source, str) else str(source)
+        named = "the given state_dict" if source is None else f"checkpoint {source!r}"
+        convert = f"convert it with `llava-normaligned convert --from-llava {source} --output-dir OUT`"
+        if model.config.model_type != cls.config_class.model_type:
             raise ValueError(
-                f"checkpoint {source!r} is missing weights that would be randomly re-initialised: {shown}. "
-                "If it is a stock LLaVA checkpoint, convert it with `llava-normaligned convert --from-llava`; "
-                "pass allow_missing_weights=True to load anyway."
+                f"{named} is a {model.config.model_type!r} checkpoint, not a "
+                f"{cls.config_class.model_type!r} one: {convert}"
             )
-        if any(_is_norm_key(k) for k in info.get("missing_keys", ())):
+        legacy = sorted(k for k in info.get("unexpected_keys", ()) if _LEGACY_LLM_KEY.search(k))
+        if legacy:
+            raise ValueError(
+                f"{named} holds its language model under LLaVA's legacy key names ({legacy[0]}, ... "
+                f"{len(legacy)} keys), which this model does not read: {convert}"
+            )
+        missing = info.get("missing_keys", ())
+        others = sorted(k for k in missing if not _is_norm_key(k))
+        if others:
+            shown = ", ".join(others[:5]) + (f" ... ({len(others)} in all)" if len(others) > 5 else "")
             logger.warning(
-                "checkpoint %r has no projector norm weights: the norm was initialised (norm_init=%r, gain %.4g)",
-                args[0] if args else kwargs.get("pretrained_model_name_or_path"),
+                "%s lacks %d weight(s), initialised at random: %s. A stock LLaVA checkpoint converts with "
+                "`llava-normaligned convert --from-llava`; `llava_normaligned.load_model` (every command) refuses it.",
+                named, len(others), shown,
+            )
+        if any(_is_norm_key(k) for k in missing):
+            logger.warning(
+                "%s has no projector norm weights: the norm was initialised (norm_init=%r, gain %.4g)",
+                named,
                 model.config.norm_init,
                 gain_statistics(model.get_projector_norm().weight, None)["gain_abs_mean"],
             )
@@ -279,8 +327,13 @@ class LlavaNormAlignedModel(LlavaNormAlignedPreTrainedModel, LlavaModel):
         self.post_init()
 
 
-class LlavaNormAlignedForConditionalGeneration(LlavaNormAlignedPreTrainedModel, LlavaForConditionalGeneration):
-    """The norm-aligned LLaVA with its LM head: generation, pipelines and training work as with stock LLaVA."""
+class LlavaNormAlignedForConditionalGeneration(
+    LlavaNormAlignedPreTrainedModel, LlavaForConditionalGeneration, GenerationMixin
+):
+    """The norm-aligned LLaVA with its LM head: generation, pipelines and training work as with stock LLaVA.
+
+    ``GenerationMixin`` is named among the direct bases, as transformers requires of a model that generates (it is
+    also inherited through ``LlavaForConditionalGeneration``)."""
 
     def __init__(self, config: LlavaNormAlignedConfig):
         LlavaPreTrainedModel.__init__(self, config)

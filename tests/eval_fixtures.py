@@ -193,6 +193,25 @@ def synthetic_test_rows() -> int:
     return SYNTHETIC_TEST_PER_TEMPLATE * len(TEMPLATES)
 
 
+NOT_WEIGHTS = b"not weights: a command that reads this file fails loudly"
+
+
+def trap_model(folder, config=None, weights: bool = True) -> str:
+    """A model folder that passes the command line's checks (``config``, a transformers config, saved; else an empty
+    config.json) with a weight file that is not weights (``weights``): loading it fails, so a test that passes it
+    shows the model was never read."""
+    os.makedirs(folder, exist_ok=True)
+    if config is not None:
+        config.save_pretrained(folder)
+    else:
+        with open(os.path.join(folder, "config.json"), "w") as handle:
+            handle.write("{}")
+    if weights:
+        with open(os.path.join(folder, "model.safetensors"), "wb") as handle:
+            handle.write(NOT_WEIGHTS)
+    return str(folder)
+
+
 def write_synthetic(data_dir: str) -> str:
     """The demo's held-out split, written by `make-data` itself (16 test questions per template, 32-px images)."""
     from llava_normaligned.demo.synthetic import SyntheticSpec, make_dataset

@@ -1,6 +1,10 @@
-"""``llava-normaligned COMMAND --help`` is built once per installed version and source, then read."""
+"""``llava-normaligned COMMAND --help``: built once per installed version and source, then read; every option of
+every command has a help text that states its default once."""
 
+import argparse
+import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -35,3 +39,84 @@ def test_the_key_follows_the_sources_and_versions(monkeypatch):
     assert key == cli._help_key("train") and key != cli._help_key("eval")
     monkeypatch.setattr(cli, "HELP_DEPENDS_ON", cli.HELP_DEPENDS_ON + ("numpy",))
     assert cli._help_key("train") != key
+
+
+# ------------------------------------------------------------------------------ every option of every command
+
+DOUBLED_DEFAULT = re.compile(r"\(default:[^()]*(?:\([^()]*\)[^()]*)*\)\s*\(default:")
+
+
+def _actions(parser: argparse.ArgumentParser):
+    """Every option and positional of ``parser`` and of its sub-parsers, but --help."""
+    for action in parser._actions:  # argparse's list of a parser's actions
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _actions(sub)
+        elif not isinstance(action, argparse._HelpAction):
+            yield parser, action
+
+
+def help_problems(parser: argparse.ArgumentParser) -> list[str]:
+    """What a reader of ``parser``'s --help would trip on: an option without help, an option whose help ends in two
+    "(default: ...)", two options of one parser with the same help (a ``--no_X`` twin repeating ``--X``)."""
+    problems, seen = [], {}
+    for owner, action in _actions(parser):
+        name = "/".join(action.option_strings) or action.dest
+        text = " ".join(owner._get_formatter()._format_action(action).split())
+        if not (action.help or "").strip():
+            problems.append(f"{name}: no help")
+        elif DOUBLED_DEFAULT.search(text):
+            problems.append(f"{name}: two defaults: {text}")
+        described = " ".join(action.help.split()) if action.help else None
+        if described and (owner.prog, described) in seen:
+            problems.append(f"{name}: the same help as {seen[owner.prog, described]}")
+        seen.setdefault((owner.prog, described), name)
+    return problems
+
+
+def command_parsers(name: str) -> list[argparse.ArgumentParser]:
+    """The parsers behind ``llava-normaligned NAME`` (each module's ``make_*parser``)."""
+    from llava_normaligned.cli import COMMANDS
+
+    module = importlib.import_module(COMMANDS[name][0])
+    return [getattr(module, attr)() for attr in dir(module) if attr.startswith("make") and attr.endswith("parser")]
+
+
+def _command_names():
+    from llava_normaligned.cli import COMMANDS
+
+    return list(COMMANDS)
+
+
+@pytest.mark.parametrize("name", _command_names())
+def test_every_option_of_every_command_has_one_help_text_and_one_default(name):
+    parsers = command_parsers(name)
+    assert parsers, f"no make_*parser for {name}"
+    for parser in parsers:
+        assert not help_problems(parser), (parser.prog, help_problems(parser))
+
+
+def test_train_help_states_each_default_once_and_says_what_a_no_flag_does():
+    text = " ".join(command_parsers("train")[0].format_help().split())
+    assert "LLM learning rate (default: --learning_rate) --lr_vision" in text  # not "... (default: None)"
+    assert "--no_skip_unused_vision, --no-skip-unused-vision turn --skip_unused_vision off" in text
+    assert "(default: 8)" in text  # transformers' own defaults are still shown (--per_device_train_batch_size)
+
+
+def test_the_help_check_catches_what_it_is_for():
+    """``help_problems`` finds each defect in a parser built as transformers builds one (its formatter adds
+    "(default: X)" to every help, and a ``--no_X`` twin copies ``--X``'s help)."""
+    from dataclasses import dataclass, field
+
+    from transformers import HfArgumentParser
+
+    @dataclass
+    class Options:
+        rate: float | None = field(default=None, metadata={"help": "a rate (default: the other one)"})
+        skip: bool = field(default=True, metadata={"help": "skip the unused layers"})
+        steps: int = field(default=1)
+
+    problems = help_problems(HfArgumentParser(Options))
+    assert any(p.startswith("--rate: two defaults") for p in problems)
+    assert any("--no_skip" in p and "the same help as --skip" in p for p in problems)
+    assert any(p.startswith("--steps") and p.endswith("no help") for p in problems)

@@ -14,6 +14,7 @@ import re
 
 import pytest
 from llava_normaligned.demo import synthetic
+from llava_normaligned.demo.report import FIGURES_DIR
 from llava_normaligned.demo.run import torch_threads
 from llava_normaligned.demo.parts import EXTRA_VARIANTS, VARIANTS
 from PIL import Image
@@ -93,6 +94,29 @@ def test_the_optimizer_step_is_tracked_per_part(results):
     assert rows["norm_target_init_noclip"]["optimizer_step"]["mean"]["clip_coef"] == 1.0  # no clipping
     part_clip = rows["norm_target_init_gwc_part_clip"]["optimizer_step"]["mean"]
     assert all(0 < part_clip[f"clip_coef/{p}"] <= 1 for p in ("vision_tower", "projector", "llm"))
+
+
+def test_per_part_clipping_s_total_is_explained(quick_demo, results):
+    """With per-part clipping the Trainer's total is taken after the parts were clipped, so it is below the parts:
+    results.md says so and gives the total before (the parts' root sum of squares, which is the Trainer's total
+    where nothing clips per part)."""
+    from llava_normaligned.demo.report import per_part_clip_note
+    from llava_normaligned.demo.stats import parts_total
+
+    rows = {r["key"]: r for r in results["rows"]}
+    part_clip = rows["norm_target_init_gwc_part_clip"]
+    stats = part_clip["optimizer_step"]["mean"]
+    assert stats["grad_norm"] <= part_clip["training"]["max_grad_norm"] + 1e-3  # after the per-part clipping
+    assert stats["grad_norm_before_part_clip"] > 5 * stats["grad_norm"]  # GWC's large vision and projector parts
+    assert "grad_norm_before_part_clip" not in rows["norm_target_init_gwc"]["optimizer_step"]["mean"]
+    seed = results["seeds"][0]
+    run = json.loads((quick_demo / "runs" / "norm_target_init_gwc" / f"seed{seed}" / "result.json").read_text())
+    for record in [r for r in run["tracking"]["stage2"] if (r.get("step") or 0) > 0]:  # no per-part clipping
+        assert parts_total(record) == pytest.approx(record["grad_norm"], rel=1e-3)
+    note = per_part_clip_note(part_clip)
+    assert f"{stats['grad_norm_before_part_clip']:.2f}" in note and "after" in note
+    text = (quick_demo / "results.md").read_text()
+    assert note in text and f"{stats['grad_norm']:.2f} †" in text
 
 
 def test_rows_that_differ_only_in_stage_2_share_their_stage_1(quick_demo, results):
@@ -217,15 +241,30 @@ def test_results_markdown_has_both_tables(quick_demo, results):
     assert SELECTION_NOTE in text and "test split" in results["best"]["criterion"]
 
 
-def test_figures_are_png_files(quick_demo):
-    from llava_normaligned.demo.report import FIGURES
+def test_figures_are_png_files_with_captions(quick_demo, results):
+    from llava_normaligned.demo.report import FIGURES, figure_captions
 
-    for file in FIGURES.values():
+    text = (quick_demo / "results.md").read_text()
+    captions = figure_captions(results)
+    for name, file in FIGURES.items():
         path = quick_demo / "figures" / file
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         with Image.open(path) as image:
             assert image.size[0] > 100 and image.size[1] > 100
-        assert file in (quick_demo / "results.md").read_text()
+        assert f"({FIGURES_DIR}/{file})\n\n{captions[name]}" in text
+    assert "has no layer before it" in captions["layer_cos"]  # why the direction figure starts at layer 1
+
+
+def test_curve_spread_measures_how_far_coinciding_curves_are_apart():
+    from llava_normaligned.demo.report import curve_spread, target_init_rows
+
+    assert curve_spread([([0, 2, 4], [1.0, 2.0, 3.0]), ([0, 2, 4], [1.0, 2.0, 3.0])]) == 0
+    assert curve_spread([([0, 2], [1.0, 2.0]), ([0, 2], [1.0, 2.2]), ([2], [1.8])]) == pytest.approx(0.4 / 2.0)
+    assert curve_spread([([0], [1.0])]) is None  # one curve: nothing to compare
+    rows = [{"key": v.key, "variant": v.config_fields()} for v in VARIANTS + EXTRA_VARIANTS]
+    assert [r["key"] for r in target_init_rows(rows)] == [
+        "norm_target_init", "norm_target_init_gwc", "norm_target_init_gwc_part_clip", "norm_target_init_noclip",
+        "norm_target_init_gwc_noclip"]
 
 
 def test_best_model_folder_loads_and_answers(quick_demo, results):
@@ -251,6 +290,41 @@ def test_best_model_folder_loads_and_answers(quick_demo, results):
     assert "selected by its accuracy on this same test split" in card  # the card says how the model was picked
     assert json.loads((folder / "eval" / "results.json").read_text())["selected_by"] == results["best"]["criterion"]
     assert "eval/figures/accuracy.png" in card  # the demo's results, embedded with working links
+
+
+def test_best_model_holds_the_best_seed_of_the_best_row(quick_demo, results):
+    from safetensors.torch import load_file
+
+    from llava_normaligned.demo.report import best_model_text
+    from llava_normaligned.demo.run import pick_best_seed
+
+    best = results["best"]
+    row = next(r for r in results["rows"] if r["key"] == best["key"])
+    chosen = pick_best_seed(row)
+    assert best["seed"] == chosen["seed"] and best["seed_real_avg"] == chosen["real_avg"]
+    recorded = json.loads((quick_demo / "best_model" / "eval" / "results.json").read_text())
+    assert recorded["checkpoint_seed"] == best["seed"]
+    assert recorded["checkpoint_accuracy"]["real_avg"] == chosen["real_avg"]
+    # the weights are that seed's stage-2 run, not another seed's
+    saved = load_file(quick_demo / "best_model" / "model.safetensors")
+    for seed in results["seeds"]:
+        run = load_file(quick_demo / "runs" / best["key"] / f"seed{seed}" / "stage2" / "model.safetensors")
+        same = saved.keys() == run.keys() and all(saved[k].equal(run[k]) for k in saved)
+        assert same == (seed == best["seed"]), seed
+    text = best_model_text(results)
+    assert f"**{best['name']}**" in text and f"holds its seed {best['seed']} run" in text
+    assert text in (quick_demo / "results.md").read_text()
+
+
+def test_the_best_seed_is_the_highest_real_average_then_the_larger_visual_gain_then_the_earlier():
+    from llava_normaligned.demo.run import pick_best_seed
+
+    def row(*runs):
+        return {"per_seed": [{"seed": s, "real_avg": r, "visual_gain": g} for s, r, g in runs]}
+
+    assert pick_best_seed(row((42, 0.50, 0.2), (43, 0.70, 0.1), (44, 0.60, 0.5)))["seed"] == 43
+    assert pick_best_seed(row((42, 0.70, 0.1), (43, 0.70, 0.3)))["seed"] == 43
+    assert pick_best_seed(row((42, 0.70, 0.3), (43, 0.70, 0.3)))["seed"] == 42
 
 
 def test_rerun_reuses_finished_runs_and_refuses_other_settings(quick_demo, results, capsys):

@@ -296,8 +296,9 @@ def test_quantized_model_is_evaluated(tiny_model_dir, data_dir, tmp_path, monkey
     [
         (["M", "--tasks", "pope,vqav2", "--output-dir", "O"], "unknown task 'vqav2': expected one of mmbench_en_dev"),
         (["M", "--tasks", "pope", "--output-dir", "O", "--data-dir", "/no/such/dir"], "--data-dir /no/such/dir: no such"),
-        (["M", "--tasks", "pope", "--output-dir", "O", "--limit", "0"], "--limit must be a positive"),
-        (["M", "--tasks", "pope", "--output-dir", "O", "--max-error-rate", "5"], "--max-error-rate must be a fraction"),
+        (["M", "--tasks", "pope", "--output-dir", "O", "--limit", "0"], "--limit must be at least 1, got 0"),
+        (["M", "--tasks", "pope", "--output-dir", "O", "--max-error-rate", "5"],
+         "--max-error-rate must be in [0, 1], got 5.0"),
         (["M", "--output-dir", "O"], "missing --tasks"),
         (["M", "--tasks", "pope", "--output-dir", "O", "--baseline", "/no/such/results.json"], "--baseline"),
     ],
@@ -321,7 +322,7 @@ def test_resume_without_a_readable_results_json_is_refused(tmp_path, data_dir, c
 def test_wrong_schema_fails_before_the_model_loads(tmp_path, capsys):
     rows = [{k: v for k, v in row.items() if k not in ("options",)} for row in eval_fixtures.ai2d_rows()]
     eval_fixtures.write_copy("ai2d", str(tmp_path / "data"), rows)
-    assert main([str(tmp_path / "not-a-model"), "--tasks", "ai2d", "--data-dir", str(tmp_path / "data"),
+    assert main([eval_fixtures.trap_model(tmp_path / "model"), "--tasks", "ai2d", "--data-dir", str(tmp_path / "data"),
                  "--output-dir", str(tmp_path / "out")]) == 2
     assert "task 'ai2d'" in capsys.readouterr().err
 

@@ -136,7 +136,8 @@ def test_no_network_and_no_local_copy_is_a_clear_error(tmp_path):
     eval_fixtures.write_copy("pope", str(tmp_path / "data"))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
     result = subprocess.run(
-        [sys.executable, "-m", "llava_normaligned.cli", "eval", str(tmp_path / "no-such-model"), "--tasks", "pope,mmstar",
+        [sys.executable, "-m", "llava_normaligned.cli", "eval", eval_fixtures.trap_model(tmp_path / "model"),
+         "--tasks", "pope,mmstar",
          "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, timeout=120,
     )

@@ -12,24 +12,9 @@ from llava_normaligned.evaluation import provenance
 from llava_normaligned.evaluation.data import LazyImage
 
 
-def test_public_names():
-    assert provenance.public_model_id("org/llava-na-3b") == "org/llava-na-3b"  # a Hub id as it is
-    assert provenance.public_path("/home/me/runs/ckpt/") == "ckpt"
+def test_results_name_local_settings_by_their_own_names():  # the rule itself: tests/test_public_names.py
     assert provenance.public_settings({"data_dir": "/data/bench", "limit": 3, "baseline": None}) == {
         "data_dir": "bench", "limit": 3, "baseline": None}
-
-
-def test_public_model_id_of_a_folder(tmp_path):
-    (tmp_path / "ckpt").mkdir()
-    assert provenance.public_model_id(str(tmp_path / "ckpt")) == "ckpt"
-
-
-def test_scrub_paths_keeps_base_names(tmp_path):
-    data = str(tmp_path / "bench")
-    message = f"FileNotFoundError: [Errno 2] No such file or directory: '{data}/synthetic/images/7.png'"
-    scrubbed = provenance.scrub_paths(message, [data, None, str(tmp_path / "model")])
-    assert scrubbed == "FileNotFoundError: [Errno 2] No such file or directory: 'bench/synthetic/images/7.png'"
-    assert str(tmp_path) not in scrubbed
 
 
 def test_model_files_digest_is_the_content_of_the_model_files(tmp_path):

@@ -28,6 +28,7 @@ from llava_normaligned.hub_cards import selfcheck
 from llava_normaligned.hub_cards.card import CardOptions
 from llava_normaligned.hub_cards.push import PullError, PushError, pull, push, push_main
 from llava_normaligned.hub_cards.selfcheck import (
+    LocalPathError,
     SelfCheckError,
     check_loads,
     check_remote_code,
@@ -567,19 +568,18 @@ def test_the_token_scan_reads_every_file_whatever_its_type(folder, monkeypatch):
         find_secrets([folder / "state.dat"], [])
 
 
-def test_local_paths_in_uploaded_records_are_warned_about(folder, caplog):
+def test_local_paths_in_uploaded_records_are_refused(folder, capsys):
     (folder / "training_summary.json").write_text(json.dumps(
         {"run": {"argv": ["--data-path", "/home/alice/data/train.json"]}, "data": {"sources": ["data/train.json"]}}
     ))
     (folder / "eval").mkdir()
     (folder / "eval" / "results.md").write_text("| model | score |\n| --- | --- |\n| alice/tiny | 1/2 |\n")
-    with caplog.at_level(logging.WARNING, logger="llava_normaligned.hub_cards.selfcheck"):
-        plan = self_check(folder, load=False)
-    assert plan.warnings == [(
-        "training_summary.json names 1 absolute local path(s), e.g. '/home/alice/data/train.json': they will be "
-        "public (the model card shows only their last component)"
-    )]
-    assert "training_summary.json names 1 absolute local path" in caplog.text
+    with pytest.raises(LocalPathError, match=r"training_summary\.json names the local path '/home/alice/data/train"):
+        self_check(folder, load=False)
+    assert push_main([str(folder), "--repo-id", "alice/paths", "--dry-run", "--skip-load-check"]) == 2
+    assert "training_summary.json names the local path" in capsys.readouterr().err
+    (folder / "training_summary.json").write_text(json.dumps({"run": {"argv": ["--data-path", "train.json"]}}))
+    assert "eval/results.md" in self_check(folder, load=False).upload  # relative paths, Hub ids, ratios: not local
 
 
 def test_a_peft_adapter_folder_is_refused_with_the_way_to_publish_it(tiny_model_dir, tmp_path, capsys):

@@ -191,19 +191,136 @@ def test_gain_survives_post_init_from_pretrained_and_resize(tmp_path, seed, capl
     assert torch.allclose(gain, torch.full_like(gain, 2.0 / 8.0))
 
 
-def test_missing_weights_are_an_error_not_a_reinit(tmp_path, seed):
-    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=1.0))
-    model.save_pretrained(tmp_path)
+def _hf_warnings(caplog):
+    """Capture transformers' logger (and this model's, which logs through it) in ``caplog`` at WARNING."""
+    from contextlib import contextmanager
+
+    from transformers.utils import logging as hf_logging
+
+    @contextmanager
+    def capture():
+        hf_logging.enable_propagation()
+        try:
+            with caplog.at_level("WARNING"):
+                yield
+        finally:
+            hf_logging.disable_propagation()
+
+    return capture()
+
+
+def _drop_from_checkpoint(folder, predicate) -> list[str]:
     from safetensors.torch import load_file, save_file
 
-    state = load_file(str(tmp_path / "model.safetensors"))
-    dropped = next(k for k in state if "vision_tower" in k and k.endswith("weight"))
-    del state[dropped]
-    save_file(state, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match="missing weights") as info:
-        LlavaNormAlignedForConditionalGeneration.from_pretrained(tmp_path)
-    assert dropped in str(info.value)
-    LlavaNormAlignedForConditionalGeneration.from_pretrained(tmp_path, allow_missing_weights=True)
+    state = load_file(str(folder / "model.safetensors"))
+    dropped = sorted(k for k in state if predicate(k))
+    save_file({k: v for k, v in state.items() if k not in dropped}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    return dropped
+
+
+def test_missing_weights_load_as_in_transformers_and_the_loader_refuses(tmp_path, seed, caplog):
+    """The class follows transformers: a missing weight is initialised (the vision model's own init) and reported,
+    with a warning naming the checkpoint; the package's loader, behind every command, refuses the checkpoint."""
+    from llava_normaligned.loading import load_model
+    from transformers import AutoModelForImageTextToText
+
+    config = make_config(norm_target=1.0, vision_config=dict(VISION, hidden_size=64, intermediate_size=128))
+    LlavaNormAlignedForConditionalGeneration(config).save_pretrained(tmp_path)
+    dropped = _drop_from_checkpoint(tmp_path, lambda k: ".layers.0.self_attn.q_proj.weight" in k and "vision" in k)
+    assert len(dropped) == 1
+
+    with _hf_warnings(caplog):
+        model, info = LlavaNormAlignedForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["missing_keys"] == {"model.vision_tower.encoder.layers.0.self_attn.q_proj.weight"}
+    assert f"checkpoint {str(tmp_path)!r} lacks 1 weight(s)" in caplog.text and "q_proj" in caplog.text
+    # SigLIP initialises q_proj with xavier_uniform: std sqrt(2 / (64 + 64)) = 0.125; the generic init was std 0.02
+    q_proj = model.model.vision_tower.encoder.layers[0].self_attn.q_proj.weight
+    assert 0.11 < float(q_proj.detach().std()) < 0.14, float(q_proj.detach().std())
+
+    caplog.clear()  # what a Hub user gets: the Auto class, the same code
+    with _hf_warnings(caplog):
+        AutoModelForImageTextToText.from_pretrained(tmp_path)
+    assert "lacks 1 weight(s), initialised at random" in caplog.text
+
+    with pytest.raises(ValueError) as refused:
+        load_model(str(tmp_path))
+    message = str(refused.value)
+    assert "\n" not in message and str(tmp_path) in message and "q_proj.weight" in message
+    assert "lacks weights the model needs" in message and "llava-normaligned convert --from-llava" in message
+
+
+@pytest.mark.parametrize("vision_type", ["clip_vision_model", "siglip_vision_model"])
+def test_weights_filled_in_by_from_pretrained_are_initialised_as_in_stock_llava(vision_type):
+    """``from_pretrained`` with nothing to load initialises every weight as stock LLaVA does (same seed, same
+    numbers): the vision model's attention and MLP get its own init, not the generic std 0.02."""
+    from transformers import LlavaConfig
+
+    vision = dict(VISION, model_type=vision_type, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    common = dict(vision_config=vision, text_config=TEXT, image_token_index=IMAGE_TOKEN_ID)
+    torch.manual_seed(0)
+    stock = LlavaForConditionalGeneration.from_pretrained(None, config=LlavaConfig(**common), state_dict={})
+    torch.manual_seed(0)
+    ours = LlavaNormAlignedForConditionalGeneration.from_pretrained(
+        None, config=LlavaNormAlignedConfig(norm_target=1.0, **common), state_dict={}
+    )
+    expected, actual = stock.state_dict(), ours.state_dict()
+    assert set(actual) - set(expected) == {"model.multi_modal_projector.norm.weight",
+                                           "model.multi_modal_projector.norm.bias"}
+    differ = [k for k in expected if not torch.equal(expected[k], actual[k])]
+    assert not differ, differ
+    q_proj = actual["model.vision_tower.encoder.layers.0.self_attn.q_proj.weight"]
+    fc1 = actual["model.vision_tower.encoder.layers.0.mlp.fc1.weight"]
+    if vision_type == "clip_vision_model":  # CLIP: D^-0.5 (2L)^-0.5 = 0.0625 and (2D)^-0.5 = 0.088
+        assert 0.055 < float(q_proj.std()) < 0.07 and 0.08 < float(fc1.std()) < 0.097
+    else:  # SigLIP: xavier_uniform, sqrt(2 / (64 + 64)) = 0.125 and sqrt(2 / (64 + 128)) = 0.102
+        assert 0.11 < float(q_proj.std()) < 0.14 and 0.09 < float(fc1.std()) < 0.115
+
+
+def _legacy_layout(state: dict) -> dict:
+    """A LLaVA state dict (current key names) in LLaVA's legacy layout: the LM whole under ``language_model``."""
+    renamed = {}
+    for key, value in state.items():
+        if key.startswith("lm_head."):
+            key = "language_model." + key
+        elif key.startswith("model.language_model."):
+            key = "language_model.model." + key[len("model.language_model."):]
+        else:
+            key = key.removeprefix("model.")
+        renamed[key] = value.contiguous()
+    return renamed
+
+
+@pytest.mark.parametrize("layout", ["legacy", "current"])
+@pytest.mark.parametrize("config_type", ["llava", "llava_normaligned"])
+@pytest.mark.parametrize("model_class", [LlavaNormAlignedForConditionalGeneration, LlavaNormAlignedModel])
+def test_stock_llava_checkpoints_are_refused_with_the_convert_hint(tmp_path, seed, layout, config_type, model_class):
+    """A stock LLaVA checkpoint loaded directly: under LLaVA's config transformers would map its keys in and write
+    them back in LLaVA's legacy layout under this model's config (unreadable); under this model's config its legacy
+    keys would leave the language model random. Both are refused, naming ``convert`` (which reads either layout:
+    test_compose). This model's own layout under its own config loads."""
+    from safetensors.torch import save_file
+    from transformers import LlavaConfig
+
+    common = dict(vision_config=VISION, text_config=TEXT, image_token_index=IMAGE_TOKEN_ID)
+    stock = LlavaForConditionalGeneration(LlavaConfig(**common))
+    config = stock.config if config_type == "llava" else LlavaNormAlignedConfig(norm_target=1.0, **common)
+    config.save_pretrained(tmp_path)
+    state = {k: v.contiguous() for k, v in stock.state_dict().items()}
+    if layout == "legacy":
+        state = _legacy_layout(state)
+        assert any(k.startswith("language_model.model.layers.") for k in state)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    if layout == "current" and config_type == "llava_normaligned":
+        model = model_class.from_pretrained(tmp_path)  # a stock LLaVA's weights in this model's layout: the norm is new
+        base = getattr(model, "model", model)
+        assert torch.equal(base.language_model.embed_tokens.weight, stock.model.language_model.embed_tokens.weight)
+        return
+    reason = "legacy key names" if config_type == "llava_normaligned" else "is a 'llava' checkpoint"
+    with pytest.raises(ValueError, match=reason) as refused:
+        model_class.from_pretrained(tmp_path)
+    message = str(refused.value)
+    assert f"llava-normaligned convert --from-llava {tmp_path} --output-dir OUT" in message and "\n" not in message
 
 
 # ------------------------------------------------------------------------------------------------ GWC

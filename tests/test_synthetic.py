@@ -161,9 +161,7 @@ def test_cli_writes_the_dataset_and_refuses_a_used_folder(tmp_path, capsys):
     info = json.loads((out / "dataset_info.json").read_text())
     assert info["rows"] == {"pretrain": 80, "instruct": 80, "test": 80}
     before = _digest_tree(out)
-    with pytest.raises(SystemExit) as exit_info:
-        synthetic.main(["--output-dir", str(out), "--no-progress"])
-    assert exit_info.value.code == 2
+    assert synthetic.main(["--output-dir", str(out), "--no-progress"]) == 2
     assert "not empty" in capsys.readouterr().err
     assert _digest_tree(out) == before  # nothing overwritten
     assert [p.name for p in tmp_path.iterdir()] == ["shapes"]  # no staging folder left behind

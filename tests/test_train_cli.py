@@ -41,7 +41,7 @@ def test_train_cli_stage1_then_stage2_and_the_output_loads(tiny_model_dir, data,
         summary = json.load(handle)
     assert summary["stage"] == 2 and summary["training"]["seed"] == 7
     assert summary["learning_rates"] == {"llm": 1e-3, "vision_tower": 2e-6, "projector": 1e-3}
-    assert summary["run"]["config_files"] == [str(recipe)]
+    assert summary["run"]["config_files"] == [recipe.name]  # by its own name: the summary is published
     model = AutoModelForImageTextToText.from_pretrained(stage2)
     processor = AutoProcessor.from_pretrained(stage2)
     assert type(model).__name__ == "LlavaNormAlignedForConditionalGeneration"
@@ -149,7 +149,7 @@ def test_train_cli_reads_a_messages_dataset(tiny_model_dir, data, tmp_path):
                  *FAST]) == 0
     with open(out / SUMMARY_FILE) as handle:
         summary = json.load(handle)
-    assert summary["data"]["load"]["sources"] == [str(saved)] and summary["data"]["load"]["rows_kept"] == 9
+    assert summary["data"]["load"]["sources"] == [saved.name] and summary["data"]["load"]["rows_kept"] == 9
 
 
 def test_train_cli_reports_what_trains_on_its_console(tiny_model_dir, data, tmp_path):
@@ -170,7 +170,7 @@ def test_train_cli_reports_what_trains_on_its_console(tiny_model_dir, data, tmp_
 
 def test_errors_during_training_are_not_turned_into_usage_errors(tiny_model_dir, data, tmp_path, monkeypatch):
     """Bad inputs exit with code 2 and a message before training starts; an error raised while training keeps its
-    type and traceback."""
+    type and traceback, and the output folder the run created, holding no checkpoint, is taken away."""
     from llava_normaligned.trainer.train import LlavaStageTrainer
 
     def fail(self, model, inputs, num_items_in_batch=None):
@@ -181,6 +181,7 @@ def test_errors_during_training_are_not_turned_into_usage_errors(tiny_model_dir,
     with pytest.raises(ValueError, match="inside training_step"):
         main(["--stage", "1", "--model", tiny_model_dir, "--data-path", path, "--image-folder", images,
               "--output-dir", str(tmp_path / "out"), *FAST])
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(("flags", "message"), [

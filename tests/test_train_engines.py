@@ -135,10 +135,11 @@ def _launch(engine, argv, tmp_path, timeout=300):
 
 
 def _weights(folder):
-    """The saved model as a user loads it (``from_pretrained`` refuses missing weights): name -> tensor."""
+    """The saved model as a user loads it, every weight read from the folder: name -> tensor."""
     from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
-    model = LlavaNormAlignedForConditionalGeneration.from_pretrained(str(folder))
+    model, info = LlavaNormAlignedForConditionalGeneration.from_pretrained(str(folder), output_loading_info=True)
+    assert not info["missing_keys"], (folder, info)
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 

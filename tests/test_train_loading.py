@@ -1,6 +1,6 @@
-"""The checkpoint a stage starts from: one missing-weights rule per model class. A norm-aligned checkpoint is
-checked by the model's own ``from_pretrained`` (only the projector norm may be missing: it is initialised to
-T/sqrt(D)); a stock LLaVA checkpoint that lacks weights is refused by ``load_checkpoint``."""
+"""The checkpoint a stage starts from: ``load_checkpoint`` (the package's loader) refuses a checkpoint that lacks
+weights, norm-aligned or stock LLaVA; only a norm-aligned checkpoint's projector norm may be missing (it is initialised
+to T/sqrt(D))."""
 
 from __future__ import annotations
 

@@ -15,12 +15,28 @@ llama3.2-3b_siglip-so400m_stage1``). Two adjustments are made before the configs
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 
 from trl import ModelConfig, SFTConfig, TrlParser
+
+from llava_normaligned.cli import (
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_COUNT,
+    SEED,
+    BadInput,
+    NumberRule,
+    check_input_file,
+    check_input_folder,
+    check_numbers,
+    check_output_folder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +51,8 @@ class StageConfig:
     projector follows the LLM's. Stage 1 uses only ``lr_projector``.
     """
 
-    stage: int = field(metadata={"help": "1: feature alignment (projector + norm); 2: instruction tuning (all)",
+    stage: int = field(metadata={"help": "1: feature alignment (projector + norm); 2: instruction tuning (all) "
+                                         "(required)",
                                  "choices": [1, 2]})
     lr_projector: float | None = field(default=None, metadata={
         "help": "projector + norm learning rate (default: the LLM's)"})
@@ -101,17 +118,20 @@ class StageArguments(StageConfig):
                 "header), 'exists' (the file is there and not empty; embedded bytes: not empty), or 'none'",
         "choices": ["auto", "open", "exists", "none"]})
     global_batch_size: int | None = field(default=None, metadata={
-        "help": "sets gradient_accumulation_steps = global / (per-device batch x processes)"})
+        "help": "sets gradient_accumulation_steps = global / (per-device batch x processes) (default: unset, "
+                "--gradient_accumulation_steps applies)"})
     # the paper's ablation (Tables 4/5): applied to the model before stage 1
     projector_norm: str | None = field(default=None, metadata={
         "help": "stage 1 variant: 'layernorm' or 'none' (w/o Norm); default: as the model is",
         "choices": ["layernorm", "none"]})
     norm_init: str | None = field(default=None, metadata={
-        "help": "stage 1 variant: 'target' (gain T/sqrt(D)) or 'default' (gain 1)", "choices": ["target", "default"]})
+        "help": "stage 1 variant: 'target' (gain T/sqrt(D)) or 'default' (gain 1); default: as the model is",
+        "choices": ["target", "default"]})
     gradient_compensation: bool | None = field(default=None, metadata={
-        "help": "stage 1 variant: Global Weight Compensation on/off"})
+        "help": "stage 1 variant: Global Weight Compensation on/off; default: as the model is"})
     lora_vision: bool = field(default=False, metadata={
-        "help": "with --use_peft: LoRA adapters on the vision tower's linear layers too (default: the LLM's only)"})
+        "help": "with --use_peft: LoRA adapters on the vision tower's linear layers too (default: off, the LLM's "
+                "only)"})
     merge_adapter: bool = field(default=False, metadata={
         "help": "with --use_peft: also save the base model with the adapter merged in, to OUTPUT_DIR/merged"})
 
@@ -123,8 +143,6 @@ class StageArguments(StageConfig):
             raise ValueError("stage 2 starts from a checkpoint: give --model (stage 1's output folder)")
         if (self.data_path is None) == (self.dataset_name is None):
             raise ValueError("give exactly one of --data-path (LLaVA JSON) and --dataset-name (messages + images)")
-        if self.global_batch_size is not None and self.global_batch_size < 1:
-            raise ValueError(f"--global-batch-size must be positive, got {self.global_batch_size}")
 
     def variant(self) -> dict:
         """The ablation fields given (``projector_norm`` as the model config spells it: ``None`` for 'none')."""
@@ -141,10 +159,122 @@ class StageArguments(StageConfig):
 DATACLASSES = (StageArguments, SFTConfig, ModelConfig)
 
 
+# The numeric options whose range is not checked by transformers or TRL (a batch size of 0, max_steps -5, a negative
+# learning rate or seed all started, and failed later or trained something else): checked when the arguments are
+# parsed, before anything is loaded.
+TRAIN_NUMBERS: dict[str, NumberRule] = {
+    # this package's (StageArguments)
+    "global_batch_size": POSITIVE_COUNT,
+    "lr_projector": NON_NEGATIVE,
+    "lr_llm": NON_NEGATIVE,
+    "lr_vision": NON_NEGATIVE,
+    # TRL's SFTConfig (transformers' TrainingArguments)
+    "per_device_train_batch_size": POSITIVE_COUNT,
+    "per_device_eval_batch_size": POSITIVE_COUNT,
+    "gradient_accumulation_steps": POSITIVE_COUNT,
+    "eval_accumulation_steps": POSITIVE_COUNT,
+    "max_steps": NumberRule(low=1, special=((-1, "train --num_train_epochs"),)),
+    "num_train_epochs": POSITIVE,
+    "learning_rate": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
+    "warmup_steps": NumberRule(low=0, steps=True),
+    "logging_steps": NumberRule(low=0, low_open=True, steps=True),
+    "save_steps": NumberRule(low=0, low_open=True, steps=True),
+    "eval_steps": NumberRule(low=0, low_open=True, steps=True),
+    "eval_delay": NON_NEGATIVE,
+    "max_grad_norm": NON_NEGATIVE,
+    "adam_beta1": FRACTION,
+    "adam_beta2": FRACTION,
+    "adam_epsilon": NON_NEGATIVE,
+    "label_smoothing_factor": FRACTION,
+    "neftune_noise_alpha": POSITIVE,
+    "max_length": POSITIVE_COUNT,
+    "seed": SEED,
+    "data_seed": SEED,
+    "dataloader_num_workers": NON_NEGATIVE,
+    "save_total_limit": POSITIVE_COUNT,
+    "dataset_num_proc": POSITIVE_COUNT,
+    "ddp_timeout": POSITIVE_COUNT,
+    # TRL's ModelConfig (LoRA)
+    "lora_r": POSITIVE_COUNT,
+    "lora_alpha": POSITIVE,
+    "lora_dropout": FRACTION,
+}
+
+
+def train_flag(name: str) -> str:
+    """The flag of a train field as ``--help`` shows it: this package's with dashes, TRL's with underscores."""
+    own = {f.name for f in dataclasses.fields(StageArguments)}
+    return "--" + (name.replace("_", "-") if name in own else name)
+
+
+# What a finished or checkpointed `train` leaves in its output folder.
+RUN_OUTPUTS = ("training_summary.json", "norm_tracking.json", "config.json", "model.safetensors",
+               "model.safetensors.index.json", "adapter_config.json", "adapter_model.safetensors", "merged")
+
+
+def earlier_run(folder: str) -> list[str]:
+    """The names in ``folder`` that a training run left there (its checkpoints, its final model or adapter, its
+    summary); empty when there is no such folder."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(name for name in os.listdir(folder) if name in RUN_OUTPUTS
+                  or (name.startswith("checkpoint-") and os.path.isdir(os.path.join(folder, name))))
+
+
+def check_chat_template_path(path: str) -> None:
+    """``--chat_template_path`` must be a Jinja template file."""
+    if not os.path.isfile(path):
+        raise BadInput(
+            f"--chat_template_path {path}: no such file; give a Jinja template file (a tokenizer folder or Hub id, "
+            "which TRL also accepts, would add its special tokens to the LLM and is not supported here)"
+        )
+
+
+def check_train_inputs(stage_args: StageArguments, sft_args: SFTConfig, model_args: ModelConfig) -> None:
+    """The paths the arguments name, checked before anything is loaded: the model folder(s) (there, with a config and
+    weights), the data files and image folder, the chat template, the checkpoint to resume, and the output folder
+    (not a file; not holding an earlier run's results unless it is resumed). ``BadInput`` names the flag."""
+    from llava_normaligned.loading import check_source, looks_like_path
+
+    from .data import split_paths
+
+    revision = model_args.model_revision
+    for flag, name in (("--model", stage_args.model), ("--vision-model", stage_args.vision_model),
+                       ("--text-model", stage_args.text_model)):
+        if name is not None:
+            check_source(name, flag, revision=revision if flag == "--model" else None)
+    if stage_args.data_path is not None:
+        for path in split_paths(stage_args.data_path):
+            check_input_file("--data-path", path)
+    if stage_args.image_folder is not None:
+        check_input_folder("--image-folder", stage_args.image_folder)
+    name = stage_args.dataset_name
+    if name is not None and not os.path.exists(name) and looks_like_path(name):
+        raise BadInput(f"--dataset-name {name}: no such file or folder ({os.path.abspath(name)}), and not a Hub "
+                       "dataset id (namespace/name); give an existing path or a Hub id")
+    if sft_args.chat_template_path is not None:
+        check_chat_template_path(sft_args.chat_template_path)
+    resume = sft_args.resume_from_checkpoint
+    if isinstance(resume, str):
+        check_input_folder("--resume_from_checkpoint", resume)
+    check_output_folder("--output-dir", sft_args.output_dir)
+    found = earlier_run(sft_args.output_dir)
+    if found and resume is None:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise BadInput(f"--output-dir {sft_args.output_dir} holds an earlier run ({shown}); continue it with "
+                       "--resume_from_checkpoint, or give a new --output-dir")
+
+
 def check_peft_flags(stage_args: StageArguments, model_args: ModelConfig) -> None:
     """Refuse flags that would do nothing: the adapter flags without ``--use_peft``, ``--lora-vision`` where
     ``--lora_target_modules`` already chose the targets, and ``--train-vision`` under PEFT with no adapter on the
-    vision tower."""
+    vision tower; and flags that cannot work together: 4/8-bit loading without adapters, adapters in stage 1."""
+    if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
+        flag = "--load_in_4bit" if model_args.load_in_4bit else "--load_in_8bit"
+        raise BadInput(f"{flag}: a 4-bit/8-bit model trains only through adapters; add --use_peft (QLoRA)")
+    if model_args.use_peft and stage_args.stage == 1:
+        raise BadInput("--use_peft: stage 1 trains the projector fully; LoRA/QLoRA is for stage 2")
     if not model_args.use_peft:
         given = [flag for flag, value in (("--lora-vision", stage_args.lora_vision),
                                           ("--merge-adapter", stage_args.merge_adapter)) if value]
@@ -159,9 +289,36 @@ def check_peft_flags(stage_args: StageArguments, model_args: ModelConfig) -> Non
         raise ValueError("--train-vision False and --lora-vision contradict each other")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """transformers' formatter (``HfArgumentParser`` ends each option's help with "(default: X)"), except where the
+    help already states its default in words ("(default: the LLM's)", "default: as the model is", "(required)"),
+    and for the ``--no_X`` twin of a boolean flag, whose own default is never used (--X's is)."""
+
+    STATED = re.compile(r"\((?:default\b|required\))|\bdefault:")
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if self.STATED.search(text) or _negates(action):
+            return text
+        return super()._get_help_string(action)
+
+
+def _negates(action) -> bool:
+    return isinstance(action, argparse._StoreFalseAction) and any(o.startswith("--no") for o in action.option_strings)
+
+
+def _describe_negations(parser) -> None:
+    """``HfArgumentParser`` gives a boolean flag's ``--no_X`` twin the help of ``--X`` word for word, so --help read
+    as two flags doing the same thing: say what the twin does instead."""
+    for action in parser._actions:  # argparse's list of actions
+        if _negates(action):
+            action.help = f"turn --{action.dest} off (the same as --{action.dest} False)"
+
+
 def make_parser() -> TrlParser:
     parser = TrlParser(
         DATACLASSES,
+        formatter_class=HelpFormatter,
         prog="llava-normaligned train",
         usage="llava-normaligned train --stage {1,2} (--model DIR | --vision-model ID --text-model ID) "
         "(--data-path JSON --image-folder DIR | --dataset-name ID) --output-dir DIR [--config RECIPE] [options]",
@@ -170,6 +327,7 @@ def make_parser() -> TrlParser:
     )
     _group_own_flags_first(parser)
     _add_sampling_strategies(parser)
+    _describe_negations(parser)
     return parser
 
 
@@ -319,9 +477,17 @@ def parse_train_args(argv: list[str] | None = None):
     if remaining:
         parser.error(f"unrecognized arguments: {' '.join(remaining)}")
     if namespace.output_dir in (None, "", "trainer_output"):
-        parser.error("--output-dir is required")
+        raise BadInput("--output-dir is required: the folder to write the model and checkpoints to")
     if namespace.model and namespace.model_name_or_path and namespace.model != namespace.model_name_or_path:
-        parser.error("--model and --model_name_or_path disagree: give one")
+        raise BadInput("--model and --model_name_or_path disagree: give one")
+    check_numbers(namespace, TRAIN_NUMBERS, flag=train_flag)
+    if str(getattr(namespace.eval_strategy, "value", namespace.eval_strategy)) != "no":
+        raise BadInput(f"--eval_strategy {namespace.eval_strategy}: `train` takes no evaluation data, so there is "
+                       "nothing to evaluate; leave it at 'no' (score a checkpoint with `llava-normaligned eval`)")
+    for flag in ("deepspeed", "fsdp_config"):  # read when the configs are built, just below
+        value = getattr(namespace, flag, None)
+        if isinstance(value, str) and value.endswith(".json"):
+            check_input_file(f"--{flag}", value)
     namespace.model = namespace.model or namespace.model_name_or_path
     namespace.model_name_or_path = namespace.model
     _adjust_for_hardware(namespace, bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv))
@@ -337,10 +503,14 @@ def parse_train_args(argv: list[str] | None = None):
 
 
 __all__ = [
+    "TRAIN_NUMBERS",
     "StageArguments",
     "StageConfig",
     "accumulation_steps",
+    "check_chat_template_path",
     "check_peft_flags",
+    "check_train_inputs",
+    "earlier_run",
     "has_accelerator",
     "make_parser",
     "parse_train_args",

@@ -2,9 +2,9 @@
 vision encoder and a causal LM composed on the spot; optionally one of the paper's ablation variants; optionally
 with the LLM in 4-bit or 8-bit (QLoRA).
 
-Nothing is ever re-initialised silently. A norm-aligned checkpoint is checked by the model's own ``from_pretrained``
-(it refuses any missing weight but the projector norm's, which it initialises to T/sqrt(D) with a warning); a stock
-LLaVA checkpoint that lacks weights is refused by the loader (``llava_normaligned.loading``). A variant that changes the projector norm (paper Tables 4/5) is
+Nothing is ever re-initialised silently: the loader (``llava_normaligned.loading``) refuses any checkpoint, norm-aligned
+or stock LLaVA, that lacks a weight, except a norm-aligned checkpoint's projector norm, which the model initialises
+to T/sqrt(D) with a warning. A variant that changes the projector norm (paper Tables 4/5) is
 applied only before stage 1, with a log line.
 """
 

@@ -33,7 +33,16 @@ from dataclasses import dataclass, field
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from .arguments import StageConfig, make_parser, parse_train_args
+from llava_normaligned.public_names import hide_local_paths, public_name, public_record
+
+from .arguments import (
+    StageConfig,
+    check_chat_template_path,
+    check_train_inputs,
+    earlier_run,
+    make_parser,
+    parse_train_args,
+)
 from .callbacks import (
     NormTrackingCallback,
     gain_statistics,
@@ -257,11 +266,7 @@ def _use_chat_template(processor, args: SFTConfig, chat_template: str | None) ->
     if path is not None:
         if chat_template is not None:
             raise ValueError("give chat_template or args.chat_template_path (--chat_template_path), not both")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"--chat_template_path: no such file: {path} (a Jinja template file; a tokenizer folder or Hub id, "
-                "which TRL also accepts, would add its special tokens to the LLM and is not supported here)"
-            )
+        check_chat_template_path(path)
         with open(path, encoding="utf-8") as handle:
             chat_template = handle.read()
         args.chat_template_path = None
@@ -359,24 +364,46 @@ def _with_hub_ids(load: dict | None) -> dict | None:
     return {**load, "hub_ids": hub_ids}
 
 
+def _public_data_report(report: dict | None) -> dict | None:
+    """A data report as published: its sources and cache file by their Hub ids or their files' own names."""
+    if not isinstance(report, dict):
+        return report
+    named = {key: public_name(report[key]) for key in ("cache_file",) if isinstance(report.get(key), str)}
+    if isinstance(report.get("sources"), list):
+        named["sources"] = [public_name(s) if isinstance(s, str) else s for s in report["sources"]]
+    return {**report, **named}
+
+
+def _public_run(run: dict) -> dict:
+    """What the run was given, as published: recipe files by their own names, paths on the command line too."""
+    named = {}
+    if isinstance(run.get("config_files"), list):
+        named["config_files"] = [public_name(f) if isinstance(f, str) else f for f in run["config_files"]]
+    if isinstance(run.get("argv"), list):
+        named["argv"] = [hide_local_paths(a) if isinstance(a, str) else a for a in run["argv"]]
+    return {**run, **named}
+
+
 def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, records, run_info, peft_config) -> dict:
     args = trainer.args
     model = trainer.model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     groups = [{"name": g.get("name"), "lr": g.get("initial_lr", g["lr"]), "weight_decay": g["weight_decay"],
                "num_params": sum(p.numel() for p in g["params"])} for g in trainer.optimizer.param_groups]
-    return {
+    # published with the model: names by Hub id or own name (llava_normaligned.public_names), in every string too
+    return public_record({
         "stage": stage,
         "model_class": type(base).__name__,
-        "base_model": getattr(base.config, "_name_or_path", None),
+        "base_model": public_name(getattr(base.config, "_name_or_path", None)),
         "variant": describe_variant(base),
         "learning_rates": {part: lr for part, lr in trainer.resolved_learning_rates().items()
                            if any(str(g.get("name", "")).startswith(part) for g in trainer.optimizer.param_groups)},
         "optimizer_groups": groups,
         "freeze": freeze.to_dict(),
         "data": {
-            "load": _with_hub_ids(data_report.to_dict() if hasattr(data_report, "to_dict") else data_report),
-            "prepare": prepare_report.to_dict(),
+            "load": _public_data_report(
+                _with_hub_ids(data_report.to_dict() if hasattr(data_report, "to_dict") else data_report)),
+            "prepare": _public_data_report(prepare_report.to_dict()),
             "rows_skipped_in_training": trainer.skipped_rows,
         },
         "training": {
@@ -408,9 +435,9 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
             "gain_statistics": gain_statistics(model),  # paper Table 5, after this stage
         },
         "peft": peft_config.to_dict() if peft_config is not None else None,
-        "run": run_info or {},
+        "run": _public_run(run_info or {}),
         "versions": _versions(),
-    }
+    })
 
 
 @dataclass
@@ -603,9 +630,7 @@ def _load_model(stage_args, model_args, sft_args):
     if stage_args.model is None:
         return compose_for_stage1(stage_args.vision_model, stage_args.text_model, variant, dtype=model_args.dtype,
                                   trust_remote_code=trust_remote_code)
-    quantization = "4bit" if model_args.load_in_4bit else "8bit" if model_args.load_in_8bit else None
-    if quantization is not None and not model_args.use_peft:
-        raise ValueError("4-bit/8-bit loading trains only through adapters: add --use_peft (QLoRA)")
+    quantization = "4bit" if model_args.load_in_4bit else "8bit" if model_args.load_in_8bit else None  # QLoRA only
     # 4-bit is always double-quantized (llava_normaligned.loading.quantization_config): --use_bnb_nested_quant is moot
     model, processor = load_checkpoint(
         stage_args.model, revision=model_args.model_revision, dtype=model_args.dtype,
@@ -640,42 +665,71 @@ def _cpu_threads(sft_args: SFTConfig) -> None:
     logger.info("training on the CPU with %s (OMP_NUM_THREADS=N sets it)", why)
 
 
+def _interrupted(output) -> str:
+    """The line reporting a run stopped by Ctrl-C: what was kept, and how to continue."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(output.path) if os.path.isdir(output.path) else None
+    if last is not None:
+        return f"interrupted (Ctrl-C); {output.path} is kept: continue with --resume_from_checkpoint {last}"
+    return f"interrupted (Ctrl-C) before the first checkpoint; {output.describe()}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``llava-normaligned train``: parse, load, prepare (errors here exit with code 2 and a message), then train
-    one stage and save (errors there are raised with their traceback). Returns the exit code."""
+    """``llava-normaligned train``: parse and check every argument, load, prepare (errors up to here are bad input:
+    one line, exit code 2), then train one stage and save (errors there are raised with their traceback). When the
+    run fails or is stopped (Ctrl-C: one line, exit code 130) before it saved anything, the output folder is removed
+    if this run created it. Returns the exit code."""
+    from llava_normaligned.cli import INTERRUPTED, fail, removed_unless_kept
+
     from .data import DataError
     from .lora import merge_adapter, stage2_lora_config
     from .masking import TemplateError
 
     # INFO until the arguments say otherwise: what parsing adjusts (CPU float32, the global batch) is shown
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    bad_input = (DataError, TemplateError, FileNotFoundError, ValueError)
     try:
         stage_args, sft_args, model_args, config_files = parse_train_args(argv)
-        _configure_logging(sft_args)
-        _cpu_threads(sft_args)
-        model, processor = _load_model(stage_args, model_args, sft_args)
-        dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
-        peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision) if model_args.use_peft \
-            else None
-        prepared = prepare_stage(
-            model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
-            data_report=data_report,
-            run_info={"config_files": config_files, "argv": list(sys.argv[1:] if argv is None else argv),
-                      "model": stage_args.model or f"{stage_args.vision_model} + {stage_args.text_model}"},
-        )
-    except (DataError, TemplateError, FileNotFoundError, ValueError) as err:
+        check_train_inputs(stage_args, sft_args, model_args)
+    except bad_input as err:
+        return fail("train", err)
+    # one process removes what a failed or stopped run left (a folder it created, holding no checkpoint)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    prepared = None
+    try:
+        with removed_unless_kept(sft_args.output_dir,
+                                 keep=lambda folder: not main_process or bool(earlier_run(folder))) as output:
+            _configure_logging(sft_args)
+            _cpu_threads(sft_args)
+            model, processor = _load_model(stage_args, model_args, sft_args)
+            dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
+            peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision) \
+                if model_args.use_peft else None
+            prepared = prepare_stage(
+                model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
+                data_report=data_report,
+                run_info={"config_files": config_files, "argv": list(sys.argv[1:] if argv is None else argv),
+                          "model": public_name(stage_args.model) if stage_args.model else
+                          f"{public_name(stage_args.vision_model)} + {public_name(stage_args.text_model)}"},
+            )
+            result = run_stage(prepared)
+            if peft_config is not None and stage_args.merge_adapter and result.trainer.is_world_process_zero():
+
+                def unquantized_base():
+                    return _load_model(dataclasses.replace(stage_args), dataclasses.replace(
+                        model_args, load_in_4bit=False, load_in_8bit=False), sft_args)[0]
+
+                merged = merge_adapter(result.model, os.path.join(result.output_dir, "merged"), processor,
+                                       unquantized_base)
+                logger.info("merged model written to %s", merged)
+    except bad_input as err:
+        if prepared is not None:  # an error while training is no bad input: raised with its traceback
+            raise
         logger.debug("train failed", exc_info=True)
-        print(f"llava-normaligned train: error: {err}", file=sys.stderr)
-        return 2
-    result = run_stage(prepared)
-    if peft_config is not None and stage_args.merge_adapter and result.trainer.is_world_process_zero():
-
-        def unquantized_base():
-            return _load_model(dataclasses.replace(stage_args), dataclasses.replace(
-                model_args, load_in_4bit=False, load_in_8bit=False), sft_args)[0]
-
-        merged = merge_adapter(result.model, os.path.join(result.output_dir, "merged"), processor, unquantized_base)
-        logger.info("merged model written to %s", merged)
+        return fail("train", err, details=True)  # a data or template error lists the rows at fault
+    except KeyboardInterrupt:
+        return fail("train", _interrupted(output), code=INTERRUPTED)
     if result.trainer.is_world_process_zero():
         end = result.norm_tracking[-1] if result.norm_tracking else {}
         print(f"stage {stage_args.stage} done: {result.output_dir} (train_loss "

@@ -25,10 +25,12 @@ STOCK_ROW_NOTE = (
     "on the questions only, never on the stage-1 caption data) and **the vision tower frozen** (stock TRL has one "
     "learning rate for every part). The w/o Norm row is the like-for-like comparison for the norm."
 )
-# The best variant is picked on the test split it is then reported on (the synthetic set has no validation split).
+# The best variant, and the seed of it that is saved, are picked on the test split they are then reported on (the
+# synthetic set has no validation split).
 SELECTION_NOTE = (
-    "It was selected by its accuracy on this same test split (there is no separate validation split), so that "
-    "accuracy, the best of four, is optimistic as an estimate of the selected model's accuracy."
+    "The variant and its saved run were each selected by its accuracy on this same test split (there is no separate "
+    "validation split), so those accuracies, a best of four and a best of the seeds, are optimistic as estimates of "
+    "the saved model's accuracy."
 )
 
 RESULTS_JSON = "results.json"
@@ -138,21 +140,42 @@ def contrast_table(contrasts: list[dict]) -> list[str]:
 
 def optimizer_table(rows: list[dict]) -> list[str]:
     """Stage 2, mean over the logged steps and the seeds: pre-clip gradient norms, the global clip coefficient and
-    the update sizes ||delta theta|| / ||theta|| per part."""
+    the update sizes ||delta theta|| / ||theta|| per part. The total is the Trainer's ``grad_norm``, the norm its
+    global clipping sees: under per-part clipping that is after the parts were clipped (marked †, and explained
+    below the table with the total before, ``stats.parts_total``)."""
     lines = ["| Method | max_grad_norm | per-part clip | pre-clip grad norm: total (vision / projector / norm / LLM) "
              "| clip coef | update size: vision / projector / norm / LLM |", "| --- | --- | --- | --- | --- | --- |"]
+    notes = []
     for row in rows:
         stats = (row.get("optimizer_step") or {}).get("mean") or {}
         training = row.get("training") or {}
         parts = " / ".join(_fmt(stats.get(f"grad_norm/{p}"), 2) for p in PARTS)
         sizes = " / ".join(_fmt(stats.get(f"update_size/{p}") and stats[f"update_size/{p}"] * 1e3, 2) for p in PARTS)
+        per_part = bool(training.get("clip_per_part"))
         lines.append(f"| {row['name']} | {training.get('max_grad_norm', 'n/a')} | "
-                     f"{'yes' if training.get('clip_per_part') else 'no'} | {_fmt(stats.get('grad_norm'), 2)} "
+                     f"{'yes' if per_part else 'no'} | {_fmt(stats.get('grad_norm'), 2)}{' †' if per_part else ''} "
                      f"({parts}) | {_fmt(stats.get('clip_coef'), 3)} | {sizes} |")
+        if per_part:
+            notes.append(per_part_clip_note(row))
     lines.append("")
     lines.append("Update sizes in units of 1e-3 (per step); n/a: the part is not tracked there (the stock trainer logs no "
                  "per-part gradient norms; its vision tower is frozen).")
+    for note in notes:
+        lines += ["", note]
     return lines
+
+
+def per_part_clip_note(row: dict) -> str:
+    """Why a per-part clipping row's total is below its parts: they are read at different points of the step."""
+    stats = (row.get("optimizer_step") or {}).get("mean") or {}
+    max_norm = (row.get("training") or {}).get("max_grad_norm")
+    count = sum(1 for p in PARTS if stats.get(f"grad_norm/{p}") is not None)
+    share = f" = {max_norm / count ** 0.5:.2f}" if max_norm and count else ""
+    return (f"† {row['name']}: the parts' norms are read before clipping; each part is then clipped to "
+            f"max_grad_norm / sqrt({count} parts){share}, and the total is the norm of the gradient after that, the "
+            f"one the Trainer's global clipping sees: at most max_grad_norm ({max_norm}), so the global clip coef is "
+            f"1. Before the per-part clipping the total was {_fmt(stats.get('grad_norm_before_part_clip'), 2)} (the "
+            "root sum of squares of the parts' norms; means over the logged steps and the seeds).")
 
 
 def _by_key(rows: list[dict]) -> dict:
@@ -395,10 +418,9 @@ def render_markdown(results: dict) -> str:
         "",
         "## Figures",
         "",
-        *[f"![{name}]({FIGURES_DIR}/{file})" for name, file in FIGURES.items()],
-        "",
-        (f"Best variant (highest real-image average): **{results['best']['name']}**, saved in "
-         f"`{results['best']['folder']}`. {SELECTION_NOTE}"),
+        *[line for name, file in FIGURES.items()
+          for line in (f"![{name}]({FIGURES_DIR}/{file})", "", figure_captions(results)[name], "")],
+        best_model_text(results),
         "",
         f"Wall time: {results['timing']['total_seconds']:.0f} s ({results['timing']['note']}).",
         "",
@@ -407,6 +429,17 @@ def render_markdown(results: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def best_model_text(results: dict) -> str:
+    """Which variant, and which of its seeds, ``best_model/`` holds, and why."""
+    best = results["best"]
+    row = next(r for r in results["rows"] if r["key"] == best["key"])
+    per_seed = "; ".join(f"seed {s['seed']}: {s['real_avg']:.3f}" for s in row.get("per_seed", []))
+    return (f"Best variant (highest real-image average over the seeds, {row['accuracy']['real']['avg']:.3f}): "
+            f"**{best['name']}**. `{best['folder']}` holds its seed {best['seed']} run, the best of its "
+            f"{len(row.get('per_seed', []))} seeds on the real-image average ({per_seed}; ties go to the larger visual "
+            f"gain, then the earlier seed). {SELECTION_NOTE}")
 
 
 def write_tables(results: dict, output_dir: str) -> tuple[str, str]:
@@ -438,16 +471,95 @@ def _series(row: dict, metric: str) -> tuple[list[float], list[float], float | N
     return steps, values, boundary
 
 
-def _colours(rows: list[dict]) -> dict[str, str]:
-    """One colour per method, the same in every figure."""
-    palette = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+def _stage_series(row: dict, metric: str, stage: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of one stage's records, on that stage's own step count."""
+    records = [r for r in row.get("tracking", {}).get(stage) or [] if metric in r and r.get("step") is not None]
+    return [r["step"] for r in records], [r[metric] for r in records]
+
+
+def _styles(rows: list[dict]) -> dict[str, dict]:
+    """One colour, marker and line style per method, the same in every figure: where curves lie on top of each other
+    the markers and dashes of the ones beneath still show."""
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
                "tab:cyan", "tab:gray")
-    return {row["key"]: palette[i % len(palette)] for i, row in enumerate(rows)}
+    markers = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<")
+    lines = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 2)), (0, (6, 2, 1, 2)))
+    return {row["key"]: {"color": colours[i % len(colours)], "marker": markers[i % len(markers)],
+                         "linestyle": lines[i % len(lines)], "markersize": 5, "linewidth": 1.4}
+            for i, row in enumerate(rows)}
+
+
+def target_init_rows(rows: list[dict]) -> list[dict]:
+    """The rows with the target-initialised norm (gain T / sqrt(D)): in the norm figures they start at the text norm
+    and stay within a few percent of each other, so they get a panel of their own on a linear scale."""
+    return [r for r in rows if (r.get("variant") or {}).get("projector_norm") == "layernorm"
+            and (r.get("variant") or {}).get("norm_init") == "target"]
+
+
+def curve_spread(curves: list[tuple[list[float], list[float]]]) -> float | None:
+    """The largest relative spread between curves ``[(steps, values), ...]`` of one stage at the steps they share:
+    max over those steps of (max - min) / mean. 0: the curves coincide; None: fewer than two curves share a step."""
+    points: dict[float, list[float]] = {}
+    for steps, values in curves:
+        for step, value in zip(steps, values):
+            points.setdefault(step, []).append(value)
+    spreads = [(max(v) - min(v)) / (sum(v) / len(v)) for v in points.values() if len(v) >= 2 and sum(v) > 0]
+    return max(spreads) if spreads else None
+
+
+def _spread_text(spread: float | None) -> str:
+    if spread is None:
+        return "n/a"
+    return "identical" if spread == 0 else f"within {spread:.2%}" if spread >= 1e-4 else "within 0.01%"
+
+
+def _log_axis(ax) -> None:
+    """A log y axis labelled in plain numbers at 1, 2 and 5 times the powers of ten (0.2, 0.5, 1, 2, 5, 10)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _mark_stages(ax, boundary) -> None:
+    """A dashed line where stage 2 starts, named above the axes where no curve runs."""
+    if not boundary:
+        return
+    from matplotlib.transforms import blended_transform_factory
+
+    ax.axvline(boundary, color="black", linestyle="--", linewidth=0.8)
+    above = blended_transform_factory(ax.transData, ax.transAxes)
+    ax.text(boundary, 1.01, "stage 1 ", transform=above, ha="right", va="bottom", fontsize=8)
+    ax.text(boundary, 1.01, " stage 2", transform=above, ha="left", va="bottom", fontsize=8)
+
+
+def figure_captions(results: dict) -> dict[str, str]:
+    """What each figure shows, under it in results.md."""
+    seeds = results.get("seeds") or [results["setup"]["config"]["seed"]]
+    first = f"the first seed's run of each row (seed {seeds[0]})"
+    zoom = ("Left: every row, log scale. Right: the target-init rows alone on a linear scale, where they are told "
+            "apart; its title gives the largest spread between them in each stage (in stage 1 the rows beside the "
+            "paper's four continue from their paper row's stage-1 run, so they coincide there by construction).")
+    return {
+        "vision_text_ratio": f"Vision/text norm ratio at the LLM input over both stages, {first}; 1 = aligned. {zoom}",
+        "projector_output_norm": (f"Mean L2 norm of the projected image tokens over both stages, {first}, against "
+                                  f"the text-embedding norm T. {zoom}"),
+        "norm_gain": f"Mean |g| of the projector norm and the GWC factor over both stages, {first}.",
+        "accuracy": "Real- and blank-image accuracy per row, mean over the templates and the seeds, with 95% "
+                    "intervals over the seeds; the dotted line is chance.",
+        "layer_norm": "Mean token norm ||h_l|| per LLM layer after stage 2, mean over the seeds: image tokens (left) "
+                      "and text tokens (right) on one scale; l = 0 is the LLM's input.",
+        "layer_cos": "cos(h_l, h_{l-1}) per LLM layer after stage 2, mean over the seeds: image tokens (left) and "
+                     "text tokens (right); 1 = the layer kept the tokens' direction. The axis starts at layer 1: the "
+                     "input (l = 0) has no layer before it to compare with.",
+    }
 
 
 def write_figures(results: dict, output_dir: str) -> dict[str, str]:
     """The norm-tracking figures (paper Fig. 4 at the LLM input, the blog's projector-norm curve, the norm's gain
-    and GWC factor) and the accuracy bars. Returns {name: path}."""
+    and GWC factor), the accuracy bars and the per-layer profiles. Returns {name: path}."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -456,97 +568,134 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
     folder = os.path.join(output_dir, FIGURES_DIR)
     os.makedirs(folder, exist_ok=True)
     rows = results["rows"]
-    colour = _colours(rows)
+    style = _styles(rows)
     paths = {}
 
     def save(fig, name):
         path = os.path.join(folder, FIGURES[name])
-        fig.tight_layout()
-        fig.savefig(path + ".tmp.png", dpi=110)
+        fig.savefig(path + ".tmp.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         os.replace(path + ".tmp.png", path)
         paths[name] = path
 
+    def legend_below(fig, axes, ncol=3):
+        handles, labels = {}, []
+        for ax in axes:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                if label not in handles:
+                    handles[label] = handle
+                    labels.append(label)
+        fig.legend([handles[label] for label in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=ncol, fontsize=8, frameon=False)
+
+    zoomed = target_init_rows(rows)
     for name, metric, ylabel in (
         ("vision_text_ratio", "vision_text_ratio", "vision / text norm at the LLM input"),
         ("projector_output_norm", "projector_output_norm", "mean L2 norm of the projected image tokens"),
     ):
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, (ax, ax_zoom) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.15, 1]})
         boundary = None
+        curves = {}
         for row in rows:
             steps, values, b = _series(row, metric)
             boundary = boundary or b
             if steps:
-                ax.plot(steps, values, label=row["name"], marker=".", color=colour[row["key"]])
-        if metric == "vision_text_ratio":
-            ax.axhline(1.0, color="grey", linestyle=":", label="aligned (1)")
-        else:
-            steps, values, _ = _series(rows[0], "text_embedding_norm")
-            if values:
-                ax.axhline(values[0], color="grey", linestyle=":", label="text-embedding norm T")
-        if boundary:
-            ax.axvline(boundary, color="black", linestyle="--", linewidth=0.8)
-            ax.text(boundary, ax.get_ylim()[1], " stage 2", va="top", fontsize=8)
-        ax.set_yscale("log")
-        ax.set_xlabel("training step (stage 1, then stage 2; the stock row: its single stage)")
+                curves[row["key"]] = (steps, values)
+                ax.plot(steps, values, label=row["name"], **style[row["key"]])
+        for row in zoomed:
+            if row["key"] in curves:
+                ax_zoom.plot(*curves[row["key"]], label=row["name"], **style[row["key"]])
+        for axis in (ax, ax_zoom):
+            if metric == "vision_text_ratio":
+                axis.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="aligned (1)")
+            else:
+                _, text_norms, _ = _series(rows[0], "text_embedding_norm")
+                if text_norms:
+                    axis.axhline(text_norms[0], color="grey", linestyle=":", linewidth=1, label="text-embedding norm T")
+            _mark_stages(axis, boundary)
+            axis.set_xlabel("training step (stage 1, then stage 2; the stock row: its single stage)", fontsize=8)
+        _log_axis(ax)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
+        ax.set_title("every row (log scale)", fontsize=9, pad=16)
+        shown = [r for r in zoomed if r["key"] in curves]
+        spread = ", ".join(f"{stage.replace('stage', 'stage ')}: "
+                           f"{_spread_text(curve_spread([_stage_series(r, metric, stage) for r in shown]))}"
+                           for stage in ("stage1", "stage2"))
+        ax_zoom.set_title(f"the {len(shown)} target-init rows (linear scale)\nlargest spread between them, {spread}",
+                          fontsize=9, pad=16)
+        legend_below(fig, (ax, ax_zoom))
+        fig.tight_layout()
         save(fig, name)
 
-    fig, (ax_gain, ax_gwc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_gain, ax_gwc) = plt.subplots(1, 2, figsize=(11, 4))
+    boundary = None
     for row in rows:
-        steps, values, _ = _series(row, "gain_abs_mean")
+        steps, values, b = _series(row, "gain_abs_mean")
         if steps:
-            ax_gain.plot(steps, values, label=row["name"], marker=".", color=colour[row["key"]])
+            boundary = boundary or b
+            ax_gain.plot(steps, values, label=row["name"], **style[row["key"]])
         steps, values, _ = _series(row, "gwc_factor")
         if steps:
-            ax_gwc.plot(steps, values, label=row["name"], marker=".", color=colour[row["key"]])
-    ax_gain.set_yscale("log")
-    ax_gain.set_title("mean |g| of the projector norm (paper Table 5)")
-    ax_gwc.set_title("GWC factor 1 / clamp(mean |g|, 1e-3) (paper §5.1)")
+            ax_gwc.plot(steps, values, label=row["name"], **style[row["key"]])
+    _log_axis(ax_gain)
+    spread = ", ".join(f"{stage.replace('stage', 'stage ')}: "
+                       f"{_spread_text(curve_spread([_stage_series(r, 'gain_abs_mean', stage) for r in zoomed]))}"
+                       for stage in ("stage1", "stage2"))
+    ax_gain.set_title(f"mean |g| of the projector norm (paper Table 5)\nthe target-init rows' largest spread, {spread}",
+                      fontsize=9, pad=16)
+    ax_gwc.set_title("GWC factor 1 / clamp(mean |g|, 1e-3) (paper §5.1)", fontsize=9, pad=16)
     for ax in (ax_gain, ax_gwc):
-        ax.set_xlabel("training step (stage 1, then stage 2)")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        _mark_stages(ax, boundary)
+        ax.set_xlabel("training step (stage 1, then stage 2)", fontsize=8)
+    legend_below(fig, (ax_gain, ax_gwc))
+    fig.tight_layout()
     save(fig, "norm_gain")
 
     fig, ax = plt.subplots(figsize=(8, 4.4))
     width = 0.38
+    top = 1.0
     for i, row in enumerate(rows):
         for offset, condition, bar_colour, label in ((-width / 2, "real", "tab:blue", "real images"),
                                                      (width / 2, "blank", "tab:gray", "blank images")):
+            value = row["accuracy"][condition]["avg"]
             half = row.get("accuracy_interval", {}).get(condition, {}).get("avg", {}).get("half_width")
-            bars = ax.bar(i + offset, row["accuracy"][condition]["avg"], width, color=bar_colour,
-                          label=label if i == 0 else None, yerr=half, capsize=2)
-            ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)  # as results.md prints them
+            ax.bar(i + offset, value, width, color=bar_colour, label=label if i == 0 else None, yerr=half, capsize=2)
+            # the value as results.md prints it, upright above the error bar: neither crosses it nor runs into its
+            # neighbour's
+            above = value + (half or 0) + 0.015
+            ax.text(i + offset, above, f"{value:.3f}", rotation=90, ha="center", va="bottom", fontsize=7)
+            top = max(top, above + 0.13)
     chance = sum(results["dataset"]["chance_accuracy"].values()) / len(results["dataset"]["chance_accuracy"])
     ax.axhline(chance, color="black", linestyle=":", label=f"chance ({chance:.2f})")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([row["name"].replace(", ", ",\n").replace(" (", "\n(") for row in rows], fontsize=7)
     ax.set_ylabel("test accuracy\n(mean over templates and seeds;\nerror bars: 95% interval)", fontsize=9)
-    ax.set_ylim(0, 1.08)  # room for a value label on a bar at 1.0
+    ax.set_ylim(0, top)  # room for the value labels
     # above the axes, where no bar is: inside, it covered the last (stock) bars
     ax.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout()
     save(fig, "accuracy")
 
-    for name, curve, ylabel in (("layer_norm", "norm", r"mean token norm $\|h_l\|$ (log)"),
-                                ("layer_cos", "cos_to_prev", r"$\cos(h_l, h_{l-1})$")):
-        fig, ax = plt.subplots(figsize=(10, 4.2))
-        for row in rows:
-            layers = row["layers"]["layers"]
-            for modality, style in (("vision", "-"), ("text", "--")):
-                points = [(l, v) for l, v in zip(layers, row["layers"][modality][curve]) if v is not None]
+    for name, curve, ylabel, first_layer in (
+            ("layer_norm", "norm", r"mean token norm $\|h_l\|$ (log)", 0),
+            ("layer_cos", "cos_to_prev", r"$\cos(h_l, h_{l-1})$", 1)):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        layers = [l for l in rows[0]["layers"]["layers"] if l >= first_layer]
+        for ax, modality, title in zip(axes, ("vision", "text"), ("image tokens", "text tokens")):
+            for row in rows:
+                points = [(l, v) for l, v in zip(row["layers"]["layers"], row["layers"][modality][curve])
+                          if v is not None and l >= first_layer]
                 if points:
-                    ax.plot(*zip(*points), style, marker=".", color=colour[row["key"]],
-                            label=f"{row['name']} ({modality})")
-        if curve == "norm":
-            ax.set_yscale("log")
-        ax.set_xticks(rows[0]["layers"]["layers"])
-        ax.set_xlabel("LLM layer (0: its input); solid: vision tokens, dashed: text tokens")
-        ax.set_ylabel(ylabel)
-        ax.set_title("after stage 2, mean over seeds")
-        # beside the axes: inside, it covered the curves (w/o Norm's vision tokens run along the top)
-        ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+                    ax.plot(*zip(*points), label=row["name"], **style[row["key"]])
+            ax.set_title(f"{title}, after stage 2, mean over the seeds", fontsize=9)
+            ax.set_xticks(layers)
+            ax.set_xlabel("LLM layer l (0: the LLM's input)" if first_layer == 0 else
+                          "LLM layer l (from 1: the input, l = 0, has no layer before it)", fontsize=8)
+            if curve == "norm":
+                _log_axis(ax)
+        axes[0].set_ylabel(ylabel)
+        legend_below(fig, axes)
+        fig.tight_layout()
         save(fig, name)
     return paths
 

@@ -24,7 +24,7 @@ Nothing is downloaded. In order:
    differences to w/o Norm (``stats.py``), real and blank accuracy, vision/text norm ratios, the optimizer step per
    part (pre-clip gradient norms, clip coefficient, update sizes), the per-layer profiles, the machine's torch
    version, threads and CPU capability), ``figures/*.png``, and ``best_model/``: the best of the paper's four
-   variants (its first seed's run) as a Hub-ready folder (weights, remote code, processor, model card, the demo's
+   variants (its best seed's run) as a Hub-ready folder (weights, remote code, processor, model card, the demo's
    results under ``eval/``).
 
 A finished run (``runs/<variant>/result.json``), the data and the parts are reused when the demo is run again with
@@ -520,6 +520,14 @@ def _run_task_here(task: Task, parts: Parts, datasets: dict, test_rows, paths: D
 _WORKER_INPUTS: dict = {}  # per worker process: the demo folder's config, parts, datasets and test rows
 
 
+def _worker_init() -> None:
+    """A spawned worker starts as a fresh Python, without the command's notice filters: install them (the
+    progress-bar switches it inherits with the environment)."""
+    from llava_normaligned.cli import quiet_known_notices
+
+    quiet_known_notices([])
+
+
 def _worker_task(task: Task, root: str) -> list[dict]:
     """A task in a worker process: it reads the settings, parts and data the main process wrote to ``root``."""
     from llava_normaligned.trainer.data import load_llava_json
@@ -564,7 +572,8 @@ def run_tasks(tasks: list[Task], paths: DemoPaths, config: DemoConfig, workers: 
             done[task] = local(task)
     else:
         context = multiprocessing.get_context("spawn")  # no forked copy of this process's torch / thread state
-        with ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=context) as pool:
+        with ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=context,
+                                 initializer=_worker_init) as pool:
             futures = {pool.submit(_worker_task, task, paths.root): task
                        for task in sorted(pending, key=lambda t: -t.cost)}
             for future in as_completed(futures):
@@ -583,7 +592,8 @@ def aggregate(runs: list[dict], baseline: list[dict] | None) -> dict:
     """One row of the tables from the runs of one variant (one per seed, in seed order): each accuracy's mean and
     95% interval over seeds, its paired difference to ``baseline``'s runs (the same seeds; None for the baseline
     itself), and the means over seeds of the norm ratios, Table 5 statistics, optimizer-step statistics and
-    per-layer profiles. The norm-tracking curves (figures) and the checkpoint are the first seed's."""
+    per-layer profiles. The norm-tracking curves (figures) and ``checkpoint`` are the first seed's; ``per_seed``
+    names each seed's checkpoint (``best_model/`` holds the best seed's, ``pick_best_seed``)."""
     from .mechanism import mean_profiles
     from .stats import mean_interval, mean_of as _mean, optimizer_step_stats, paired_difference
 
@@ -655,14 +665,23 @@ def pick_best(rows: list[dict]) -> dict:
                                           -candidates.index(r)))
 
 
+def pick_best_seed(row: dict) -> dict:
+    """The run of ``row`` (its ``per_seed`` entry) that ``best_model/`` holds: the highest real-image average (ties:
+    the larger visual gain, then the earlier seed)."""
+    runs = row["per_seed"]
+    return max(runs, key=lambda r: (round(r["real_avg"], 6), round(r["visual_gain"], 6), -runs.index(r)))
+
+
 def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
-    """Copy the best variant's stage-2 folder to ``best_model/`` with the demo's results in ``eval/`` and a model card
-    (README.md) rendered from the folder; staged in a temporary folder and moved into place."""
+    """Copy the stage-2 folder of the best variant's best seed (``pick_best_seed``) to ``best_model/`` with the
+    demo's results in ``eval/`` and a model card (README.md) rendered from the folder; staged in a temporary folder
+    and moved into place."""
     from llava_normaligned.hub_cards.card import CardOptions, render_card
 
     from .report import FIGURES_DIR, render_markdown
 
-    source = os.path.join(paths.root, best["checkpoint"])
+    run = pick_best_seed(best)
+    source = os.path.join(paths.root, run["checkpoint"])
     staging = tempfile.mkdtemp(prefix=".best-", dir=paths.root)
     try:
         target = os.path.join(staging, f"llava-normaligned-demo-{best['key']}")  # the card's title
@@ -673,7 +692,9 @@ def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
         _write_json({"task": "llava-normaligned demo (synthetic shapes VQA, held-out test split)",
                      "selected_by": results["best"]["criterion"], **own,
                      "accuracy_is": "the mean over the seeds of this variant's runs",
-                     "checkpoint_seed": best["seeds"][0],
+                     "checkpoint_seed": run["seed"],
+                     "checkpoint_accuracy": {"real_avg": run["real_avg"], "blank_avg": run["blank_avg"],
+                                             "visual_gain": run["visual_gain"]},
                      "per_seed": best["per_seed"]},
                     os.path.join(evaluation, "results.json"))
         with open(os.path.join(evaluation, "results.md"), "w", encoding="utf-8") as handle:
@@ -765,6 +786,8 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     start = time.perf_counter()
     paths = prepare_folder(output_dir, config)
     with quiet_libraries(), torch_threads(config.threads):
+        print("data and parts: the synthetic dataset, then the vision encoder's and the LLM's pre-training (each "
+              "reused when the folder already holds it)", file=sys.stderr, flush=True)
         dataset = ensure_dataset(paths, config.data, progress)
         parts = build_parts(paths.parts, config.parts, progress=progress)
         data_seconds = time.perf_counter() - start
@@ -786,6 +809,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     with open(dataset.info, encoding="utf-8") as handle:
         info = json.load(handle)
     best = pick_best(rows)
+    best_run = pick_best_seed(best)
     results = {
         "setup": {"summary": _setup_summary(config, parts), "config": config.to_dict()},
         "dataset": {"rows": info["rows"], "chance_accuracy": info["chance_accuracy"],
@@ -799,8 +823,10 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
         "best": {"name": best["name"], "key": best["key"], "folder": BEST_DIR,
                  "criterion": "highest real-image average accuracy (mean over the seeds) among the paper's four "
                               "variants, on the test split (no validation split: the selected variant's test accuracy "
-                              "is optimistic); the folder holds its first seed's run",
-                 "seed": best["seeds"][0]},
+                              "is optimistic); the folder holds that variant's run with the highest real-image "
+                              "average among its seeds (ties: the larger visual gain, then the earlier seed), picked "
+                              "on the same split",
+                 "seed": best_run["seed"], "seed_real_avg": best_run["real_avg"]},
         "timing": {},
     }
     results["timing"] = {
@@ -840,9 +866,17 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None, help="first training seed (default 42)")
     parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
                         help="how many seeds each row is trained with (seed, seed + 1, ...; default 3, --quick 2)")
-    parser.add_argument("--stage1-steps", type=int, default=None)
-    parser.add_argument("--stage2-steps", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=None)
+    full, quick = DemoConfig.full(), DemoConfig.quick()
+    parser.add_argument("--stage1-steps", type=int, default=None,
+                        help=f"stage-1 steps a run (captions; projector and norm train): default {full.stage1_steps}, "
+                             f"--quick {quick.stage1_steps}")
+    parser.add_argument("--stage2-steps", type=int, default=None,
+                        help=f"stage-2 steps a run (questions; every part trains): default {full.stage2_steps}, "
+                             f"--quick {quick.stage2_steps}. The stock row trains stage 1 + stage 2 steps in one "
+                             "stage")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"training rows a step, both stages: default {full.batch_size}, "
+                             f"--quick {quick.batch_size}")
     parser.add_argument("--llm-layers", type=int, default=None,
                         help="decoder layers of the tiny LLM (default 4): more depth for the per-layer mechanism to act "
                              "over; each run then takes longer")
@@ -874,6 +908,8 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from llava_normaligned.cli import progress_bars_on_terminals_only  # bars on a terminal only
+
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
@@ -883,8 +919,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    progress = not args.no_progress and progress_bars_on_terminals_only()
     try:
-        results = run_demo(args.output_dir, config, progress=not args.no_progress, workers=args.workers)
+        results = run_demo(args.output_dir, config, progress=progress, workers=args.workers)
     except FileExistsError as error:
         print(f"llava-normaligned demo: error: {error}", file=sys.stderr)
         return 2

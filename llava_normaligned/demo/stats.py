@@ -137,7 +137,7 @@ def paired_difference(values, reference, level: float = 0.95) -> Interval:
 
 # ------------------------------------------------------------------------------------- the optimizer step per part
 
-OPTIMIZER_KEYS = ("grad_norm", "clip_coef")
+OPTIMIZER_KEYS = ("grad_norm", "clip_coef", "grad_norm_before_part_clip")
 OPTIMIZER_PREFIXES = ("grad_norm/", "update_size/", "clip_coef/")
 
 
@@ -151,12 +151,24 @@ def mean_of(values):
     return values[0] if values else None
 
 
+def parts_total(record: dict) -> float | None:
+    """The root sum of squares of a record's per-part gradient norms (``grad_norm/<part>``, read before any
+    clipping): the whole gradient's norm before clipping. The Trainer's own ``grad_norm`` is the norm its global
+    clipping sees, which under per-part clipping (``clip_coef/<part>`` in the record) is taken after each part was
+    clipped; this is the total before. None without per-part norms."""
+    parts = [v for k, v in record.items() if k.startswith("grad_norm/") and isinstance(v, (int, float))]
+    return math.sqrt(sum(v * v for v in parts)) if parts else None
+
+
 def optimizer_step_stats(records: list[dict]) -> dict:
     """Per key of the norm-tracking records (pre-clip gradient norms ``grad_norm[/part]``, the clip coefficient
     ``clip_coef[/part]``, the update sizes ``update_size/<part>``), the mean over the logged training steps (step > 0)
     of one run's records, and the first logged step's values. The demo's tables and the model card's norm-tracking
-    section both read a run's optimizer step through this."""
+    section both read a run's optimizer step through this. With per-part clipping (``clip_coef/<part>`` logged),
+    ``grad_norm_before_part_clip`` is ``parts_total``: ``grad_norm`` is then the norm after the per-part clipping."""
     logged = [r for r in records if isinstance(r, dict) and (r.get("step") or 0) > 0]
+    if logged and any(k.startswith("clip_coef/") for k in logged[0]):
+        logged = [{**r, "grad_norm_before_part_clip": parts_total(r)} for r in logged]
     keys = [k for k in (logged[0] if logged else {}) if k in OPTIMIZER_KEYS or k.startswith(OPTIMIZER_PREFIXES)]
     return {"mean": {k: mean_of(r[k] for r in logged if k in r) for k in keys},
             "first": {k: logged[0][k] for k in keys}, "steps": len(logged)}

@@ -407,16 +407,21 @@ def make_parser() -> argparse.ArgumentParser:
                         help="training questions per template (a multiple of 16)")
     parser.add_argument("--test-per-template", type=int, default=defaults.test_per_template,
                         help="held-out test questions per template (a multiple of 16)")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help=f"seed of the scenes and questions drawn (default {defaults.seed})")
     parser.add_argument("--jitter", type=int, default=defaults.jitter, help="max shift of a shape in its cell (px)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from llava_normaligned.cli import check_output_folder, fail
+    from llava_normaligned.cli import progress_bars_on_terminals_only  # bars on a terminal only
+
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
+        check_output_folder("--output-dir", args.output_dir, empty=True)
         spec = SyntheticSpec(
             image_size=args.image_size,
             train_per_template=args.train_per_template,
@@ -424,9 +429,9 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             jitter=args.jitter,
         )
-        paths = make_dataset(args.output_dir, spec, progress=not args.no_progress)
-    except (ValueError, FileExistsError) as error:
-        parser.error(str(error))
+    except ValueError as error:  # cli.BadInput, or a field of the spec out of range
+        return fail("make-data", error)
+    paths = make_dataset(args.output_dir, spec, progress=not args.no_progress and progress_bars_on_terminals_only())
     with open(paths.info) as f:
         rows = json.load(f)["rows"]
     print(

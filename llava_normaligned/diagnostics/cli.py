@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import DEFAULT_ALPHAS, DiagnoseConfig, DiagnosticsError
+from llava_normaligned.cli import BadInput, check_numbers, check_output_folder, fail
+
+from .config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
 
 
 def _alphas(text: str) -> tuple[float, ...]:
@@ -35,10 +37,12 @@ def make_parser() -> argparse.ArgumentParser:
                        help="projector-output scales, comma-separated (default: the blog's 0.01,...,3; 1 is added)")
     group.add_argument("--max-new-tokens", type=int, default=8, help="greedy tokens scored per sample (default 8)")
     group.add_argument("--top-k", type=int, default=10, help="largest text-embedding rows to list (default 10)")
-    group.add_argument("--batch-size", type=int, default=4)
+    group.add_argument("--batch-size", type=int, default=4,
+                       help="image-prompt pairs per forward pass, and the batch --estimate-memory assumes (default 4)")
     group = parser.add_argument_group("loading")
-    group.add_argument("--revision", default=None)
-    group.add_argument("--baseline-revision", default=None)
+    group.add_argument("--revision", default=None, help="branch, tag or commit of MODEL on the Hub (default: main)")
+    group.add_argument("--baseline-revision", default=None,
+                       help="branch, tag or commit of --baseline on the Hub (default: main)")
     group.add_argument("--device", default="auto",
                        help="auto (default: the first GPU found, else cpu), cpu, cuda, cuda:1, mps, xpu")
     group.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: as stored)")
@@ -62,7 +66,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _compare_embeddings(args) -> int:
+    from llava_normaligned.loading import check_source
+
     from .embeddings import compare_embeddings, render, write
+
+    check_source(args.model, "model", revision=args.revision)  # both before either table is read
+    check_source(args.compare_embeddings, "--compare-embeddings", revision=args.base_revision)
+    if args.output_dir:
+        check_output_folder("--output-dir", args.output_dir)
 
     comparison = compare_embeddings(args.model, args.compare_embeddings, revision=args.revision,
                                     base_revision=args.base_revision, trust_remote_code=args.trust_remote_code,
@@ -93,16 +104,31 @@ def _estimate_memory(args) -> int:
     return 0
 
 
+def _check_device_and_dtype(args) -> None:
+    """--device and --dtype name something this package runs on (whether the device is there is known on loading)."""
+    from llava_normaligned.loading import parse_device, parse_dtype
+
+    try:
+        if args.dtype is not None:
+            parse_dtype(args.dtype)
+        if args.device != "auto":
+            parse_device(args.device)
+    except ValueError as err:  # "dtype: ..." / "device: ..."
+        raise DiagnosticsError(f"--{err}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
+        check_numbers(args, NUMBERS, error=DiagnosticsError)
+        _check_device_and_dtype(args)
         if args.estimate_memory:
             return _estimate_memory(args)
         if args.compare_embeddings:
             return _compare_embeddings(args)
         if not args.output_dir:
-            parser.error("--output-dir is required")
+            raise DiagnosticsError("--output-dir is required: the folder to write the diagnostics to")
         config = DiagnoseConfig(
             model=args.model,
             output_dir=args.output_dir,
@@ -125,9 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         from .runner import diagnose
 
         document, written = diagnose(config)
-    except (DiagnosticsError, ImportError, OSError) as err:  # OSError: an output folder it cannot write, ...
-        print(f"llava-normaligned diagnose: error: {err}", file=sys.stderr)
-        return 2
+    except (DiagnosticsError, BadInput, ImportError, OSError) as err:  # OSError: a folder it cannot write, ...
+        return fail("diagnose", err, details=True)
     ratio = document["vision_text_norm_ratio"]
     line = f"vision/text norm ratio {ratio:.3g}" if ratio is not None else "vision/text norm ratio n/a"
     if document.get("baseline"):

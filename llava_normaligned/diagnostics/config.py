@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from llava_normaligned.cli import POSITIVE_COUNT, check_numbers
+
 # The blog's sweep of the projector-output scale (its Experiment 1).
 DEFAULT_ALPHAS = (0.01, 0.03, 0.05, 0.07, 0.1, 0.3, 1.0, 3.0)
 
 
 class DiagnosticsError(ValueError):
     """Bad input to the diagnostics (a model it cannot probe, an empty image folder, a prompt too long...)."""
+
+
+# the counts of a run (``--max-samples``, ...), checked by the command line before anything runs and by the config
+NUMBERS = {"max_samples": POSITIVE_COUNT, "max_new_tokens": POSITIVE_COUNT, "top_k": POSITIVE_COUNT,
+           "batch_size": POSITIVE_COUNT}
 
 
 @dataclass
@@ -56,18 +63,11 @@ class DiagnoseConfig:
     progress: bool = True
 
     def __post_init__(self):
-        if self.max_samples < 1:
-            raise DiagnosticsError(f"max_samples must be >= 1, got {self.max_samples}")
-        if self.batch_size < 1:
-            raise DiagnosticsError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.max_new_tokens < 1:
-            raise DiagnosticsError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.top_k < 1:
-            raise DiagnosticsError(f"top_k must be >= 1, got {self.top_k}")
+        check_numbers(self, NUMBERS, error=DiagnosticsError)
         alphas = tuple(float(a) for a in self.alphas)
         bad = [a for a in alphas if not a > 0 or a == float("inf")]
         if bad:
-            raise DiagnosticsError(f"alphas must be positive finite numbers, got {bad}")
+            raise DiagnosticsError(f"--alphas must be positive finite numbers, got {bad}")
         self.alphas = tuple(sorted(set(alphas) | {1.0}))
 
     def to_dict(self) -> dict:

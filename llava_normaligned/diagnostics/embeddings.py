@@ -56,8 +56,14 @@ def _from_model(model_id: str, revision: str | None, trust_remote_code, vision: 
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-    model = auto.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
-    return model.get_input_embeddings().weight.detach()
+    model, info = auto.from_pretrained(
+        model_id, revision=revision, trust_remote_code=trust_remote_code, output_loading_info=True
+    )
+    embedding = model.get_input_embeddings().weight
+    names = {name for name, param in model.named_parameters(remove_duplicate=False) if param is embedding}
+    if names & set(info.get("missing_keys") or ()):  # transformers initialised it at random
+        raise ValueError(f"the checkpoint holds no input embeddings ({sorted(names)[0]} is missing)")
+    return embedding.detach()
 
 
 def read_embeddings(model_id: str, revision=None, trust_remote_code=None, vision: bool = False):
@@ -90,7 +96,7 @@ def compare_embeddings(vlm_id: str, base_id: str, *, revision=None, base_revisio
                        top_k: int = 10) -> dict:
     """Appendix C's numbers for ``base_id`` (the pure-text LLM) and ``vlm_id`` (the VLM built on it)."""
     from .probes import embedding_table_stats
-    from .report import public_name
+    from ..public_names import public_name
 
     base_weight, base_tokenizer, _ = read_embeddings(base_id, base_revision, trust_remote_code)
     vlm_weight, vlm_tokenizer, vlm_config = read_embeddings(vlm_id, revision, trust_remote_code, vision=True)
@@ -156,10 +162,11 @@ MARKDOWN_NAME = "embedding_comparison.md"
 
 
 def write(comparison: dict, output_dir: str) -> list[str]:
+    from ..public_names import public_record
     from .report import atomic_write, json_safe
 
+    comparison = public_record(json_safe(comparison))
     return [
-        atomic_write(os.path.join(output_dir, JSON_NAME), json.dumps(json_safe(comparison), indent=2,
-                                                                     ensure_ascii=False)),
+        atomic_write(os.path.join(output_dir, JSON_NAME), json.dumps(comparison, indent=2, ensure_ascii=False)),
         atomic_write(os.path.join(output_dir, MARKDOWN_NAME), render(comparison)),
     ]

@@ -3,7 +3,7 @@
 Every file is written to a temporary name and renamed into place, so a crash never leaves a half-written file.
 The main model's numbers sit at the top level of the JSON; the baseline's, when given, under ``baseline``.
 These files are embedded in model cards and published with a checkpoint, so they name models and inputs by Hub id
-or by a folder's base name, never by a path on this machine.
+or by a file's or folder's own name, never by a path on this machine (``llava_normaligned.public_names``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 import math
 import os
 from datetime import datetime, timezone
+
+from ..public_names import public_name, public_record
 
 FORMAT = "llava-normaligned-diagnostics/1"
 JSON_NAME = "diagnostics.json"
@@ -34,16 +36,6 @@ def _versions() -> dict:
 
 # settings that name a model, a file or a folder
 PATH_SETTINGS = ("model", "baseline", "images", "prompts", "output_dir")
-
-
-def public_name(name: str | None) -> str | None:
-    """A Hub id as given; a local path (one that exists, or is written as a path) by its base name."""
-    if name is None:
-        return None
-    expanded = os.path.expanduser(str(name))
-    if os.path.isabs(expanded) or os.path.exists(expanded) or str(name).startswith(("./", "../", ".\\", "..\\")):
-        return os.path.basename(os.path.normpath(os.path.abspath(expanded)))
-    return str(name)
 
 
 def build_document(settings: dict, main: dict, baseline: dict | None) -> dict:
@@ -400,7 +392,7 @@ def render_summary(document: dict, figures: list[str] = ()) -> str:
 def write_outputs(document: dict, output_dir: str, figures: list[str] = ()) -> list[str]:
     """Write the JSON, the CSV tables and the Markdown summary; ``figures`` (paths already written in
     ``output_dir``, ``plots.write_figures``) are linked from the summary. Returns the paths, figures last."""
-    document = json_safe(document)
+    document = public_record(json_safe(document))  # what the settings did not name: notes, messages
     written = [atomic_write(os.path.join(output_dir, JSON_NAME), json.dumps(document, indent=2, ensure_ascii=False))]
     for name, table in TABLES.items():
         written.append(atomic_write(os.path.join(output_dir, name), _csv_text(*table(document))))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llava_normaligned.cli import BadInput, check_output_folder
 from llava_normaligned.generation import placeholder_token_ids
 
 from . import blog, passes, probes
@@ -44,15 +45,13 @@ def _fan_out(*callbacks):
     return call
 
 
-def load(model_id: str, revision: str | None, config: DiagnoseConfig):
-    """(model, processor) of a Hub id or folder; a DiagnosticsError for every way loading can fail (config, device,
-    missing package, not a vision-language model)."""
-    from llava_normaligned.anatomy import AnatomyError
-    from llava_normaligned.loading import load_config, load_model
-
-    from .family_inputs import ProcessorUnavailable
+def check_model(model_id: str, revision: str | None, config: DiagnoseConfig, what: str = "model") -> None:
+    """What can be told of a model before it loads: a folder or Hub id with a config (and, for a folder, weights)
+    of a vision-language model. A DiagnosticsError names it (``what``: ``model`` or ``--baseline``)."""
+    from llava_normaligned.loading import check_source, load_config
 
     try:
+        check_source(model_id, what, revision=revision)
         model_config = load_config(model_id, revision=revision, trust_remote_code=config.trust_remote_code)
     except (ValueError, OSError) as err:
         raise DiagnosticsError(f"cannot read the config of {model_id!r}: {err}") from err
@@ -61,6 +60,17 @@ def load(model_id: str, revision: str | None, config: DiagnoseConfig):
             f"cannot probe {model_id!r}: it is not a vision-language model (its config, model_type "
             f"{model_config.model_type!r}, has no vision_config, so no vision tower or projector)"
         )
+
+
+def load(model_id: str, revision: str | None, config: DiagnoseConfig):
+    """(model, processor) of a Hub id or folder; a DiagnosticsError for every way loading can fail (config, device,
+    missing package, not a vision-language model)."""
+    from llava_normaligned.anatomy import AnatomyError
+    from llava_normaligned.loading import load_model
+
+    from .family_inputs import ProcessorUnavailable
+
+    check_model(model_id, revision, config)
     try:
         return load_model(
             model_id,
@@ -228,7 +238,7 @@ def diagnose_batch(points: ProbePoints, batch: Batch, config: DiagnoseConfig, ac
 
 
 def _model_facts(model_id: str, revision, points: ProbePoints) -> dict:
-    from .report import public_name
+    from ..public_names import public_name
 
     config = points.model.config
     text_config = getattr(config, "text_config", config)
@@ -372,6 +382,13 @@ def diagnose(config: DiagnoseConfig) -> tuple[dict, list[str]]:
     config.images = config.images or default_images_dir()
     config.prompts = config.prompts or default_prompts_file()
     samples = pair_samples(list_images(config.images), load_prompts(config.prompts), config.max_samples)
+    try:
+        check_output_folder("--output-dir", config.output_dir)
+    except BadInput as err:
+        raise DiagnosticsError(str(err)) from None
+    check_model(config.model, config.revision, config)
+    if config.baseline:  # before the main model's diagnosis: a wrong baseline fails in seconds
+        check_model(config.baseline, config.baseline_revision, config, "--baseline")
     main = diagnose_model(config, config.model, config.revision, samples, "model")
     baseline = None
     if config.baseline:

@@ -19,6 +19,18 @@ import logging
 import os
 import sys
 
+from llava_normaligned.cli import (
+    POSITIVE_COUNT,
+    BadInput,
+    NumberRule,
+    check_input_file,
+    check_input_folder,
+    check_numbers,
+    check_output_folder,
+    fail,
+)
+from llava_normaligned.loading import SourceNotFound, check_source, parse_device
+
 from .data import EvalDataError
 from .report import BaselineError, load_baseline, table_markdown
 from .runner import SAMPLES_FILE, EvalConfig, EvalSetupError, evaluate
@@ -43,7 +55,8 @@ def make_eval_parser() -> argparse.ArgumentParser:
     quant.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes 4-bit (nf4)")
     quant.add_argument("--load-in-8bit", action="store_true", help="bitsandbytes 8-bit")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="dtype of the unquantized weights (default auto: as the checkpoint stores them)")
     parser.add_argument("--trust-remote-code", action="store_true", default=None,
                         help="run the checkpoint repo's own Python code (not needed for this package's models; pin "
                         "--revision to a commit when you pass it for a Hub repo)")
@@ -68,6 +81,11 @@ def make_eval_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the counts and the error share of a run, checked before anything is read
+NUMBERS = {"limit": POSITIVE_COUNT, "batch_size": POSITIVE_COUNT, "max_new_tokens": POSITIVE_COUNT,
+           "max_error_rate": NumberRule(low=0, high=1)}
+
+
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     required = [("--tasks", args.tasks)]
     if args.model or not args.save_data:  # --save-data alone needs no model
@@ -75,16 +93,24 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     missing = [flag for flag, value in required if not value]
     if missing:
         raise EvalSetupError(f"missing {', '.join(missing)}")
-    if args.limit is not None and args.limit < 1:
-        raise EvalSetupError(f"--limit must be a positive number of samples, got {args.limit}")
-    if args.batch_size < 1:
-        raise EvalSetupError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise EvalSetupError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if not 0.0 <= args.max_error_rate <= 1.0:
-        raise EvalSetupError(f"--max-error-rate must be a fraction between 0 and 1, got {args.max_error_rate}")
-    if args.data_dir and not os.path.isdir(args.data_dir):
-        raise EvalSetupError(f"--data-dir {args.data_dir}: no such folder")
+    check_numbers(args, NUMBERS, error=EvalSetupError)
+    try:
+        if args.data_dir:
+            check_input_folder("--data-dir", args.data_dir)
+        if args.baseline:
+            check_input_file("--baseline", args.baseline)
+        for flag, folder in (("--output-dir", args.output_dir), ("--save-data", args.save_data)):
+            if folder:
+                check_output_folder(flag, folder)
+        if args.model:  # a folder without weights, or a Hub id offline and not cached: before any data is read
+            check_source(args.model, "model", revision=args.revision)
+    except (BadInput, SourceNotFound) as err:
+        raise EvalSetupError(str(err)) from None
+    if args.device != "auto":
+        try:
+            parse_device(args.device)
+        except ValueError as err:  # "device: ..."
+            raise EvalSetupError(f"--{err}") from None
     return EvalConfig(
         model=args.model,
         tasks=args.tasks,
@@ -148,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results = evaluate(cfg, baseline)
     except (EvalSetupError, EvalDataError, UnknownTaskError, BaselineError) as exc:
-        print(f"llava-normaligned eval: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("eval", exc, details=True)  # a refused --resume lists what differs
     if cfg.model is None:
         print(f"saved the splits under {cfg.save_data}; evaluate offline with --data-dir {cfg.save_data}")
         return 0

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from ..public_names import public_name
 from . import provenance
 from .report import ResultsWriter, load_baseline
 from .runner import EvalConfig, EvalSetupError, check_output, method_label
@@ -157,7 +158,7 @@ def _header(cfg: EvalConfig, lmms_version: str | None) -> dict:
     except PackageNotFoundError:
         package_version = None
     config = load_config(cfg.model, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    model = provenance.public_model_id(cfg.model)
+    model = public_name(cfg.model)
     return {
         "model": model,
         "revision": cfg.revision,

@@ -1,9 +1,9 @@
 """What results.json says about a run: published without local paths, and checked by content on ``--resume``.
 
 results.json (and the results.md beside it) is published with the model, so it names no local folder: a model
-given as a folder is recorded by the folder's base name (a Hub id as it is), ``--data-dir`` / ``--baseline`` by
-their base names. What ``--resume`` must be sure of, that the earlier samples came from the same model, data and
-settings, is compared by content rather than by path:
+given as a folder is recorded by the folder's own name (a Hub id as it is), ``--data-dir`` / ``--baseline`` by
+theirs (``llava_normaligned.public_names``). What ``--resume`` must be sure of, that the earlier samples came from
+the same model, data and settings, is compared by content rather than by path:
 
 - the model: a SHA-256 over the files at the top of its folder (weights, configs, tokenizer, chat template, code;
   not its card or training records), or for a Hub id the commit its revision resolved to for the load;
@@ -20,6 +20,8 @@ import json
 import logging
 import os
 import time
+
+from ..public_names import public_name
 
 logger = logging.getLogger(__name__)
 
@@ -42,39 +44,13 @@ _NOT_MODEL_FILES = frozenset({
 })
 
 
-# ---- what is published ----
+# ---- what is published (the rule itself: llava_normaligned.public_names) ----
 def is_local(model: str) -> bool:
     return os.path.isdir(os.path.expanduser(model))
 
 
-def public_path(path: str | None) -> str | None:
-    """A local path as it may be published: its last component (``/home/me/runs/ckpt/`` -> ``ckpt``)."""
-    if not path:
-        return path
-    return os.path.basename(os.path.normpath(os.path.abspath(os.path.expanduser(path))))
-
-
-def public_model_id(model: str) -> str:
-    """A Hub id as it is; a local folder by its base name."""
-    return public_path(model) if is_local(model) else model
-
-
 def public_settings(settings: dict) -> dict:
-    return {k: public_path(v) if k in PATH_SETTINGS else v for k, v in settings.items()}
-
-
-def scrub_paths(text: str, paths: list[str | None]) -> str:
-    """``text`` (an error message) with each of the run's local ``paths`` (folders or files; pass no Hub id), as
-    given or absolute, replaced by its base name, longest first so that a folder inside another is cut at its own
-    name."""
-    variants = set()
-    for path in filter(None, paths):
-        expanded = os.path.expanduser(path)
-        variants |= {path, expanded, os.path.abspath(expanded), os.path.realpath(expanded)}
-    for variant in sorted(variants, key=len, reverse=True):
-        if os.path.basename(os.path.normpath(variant)) and len(variant) > 1:
-            text = text.replace(variant.rstrip("/\\") or variant, public_path(variant))
-    return text
+    return {k: public_name(v) if k in PATH_SETTINGS else v for k, v in settings.items()}
 
 
 # ---- the model's content ----
@@ -94,7 +70,7 @@ def model_files_digest(folder: str) -> str:
         if name.startswith(".") or name in _NOT_MODEL_FILES or not os.path.isfile(path):
             continue
         digest.update(f"{name}\0{_file_sha256(path)}\n".encode())
-    logger.info("model files digest of %s in %.1f s", public_path(folder), time.perf_counter() - started)
+    logger.info("model files digest of %s in %.1f s", public_name(folder), time.perf_counter() - started)
     return digest.hexdigest()
 
 

@@ -16,6 +16,7 @@ import math
 import os
 from datetime import datetime, timezone
 
+from ..public_names import public_record
 from .tasks import PAPER_TASKS, TASKS
 
 RESULTS_FORMAT = "llava-normaligned-eval/2"
@@ -224,5 +225,6 @@ class ResultsWriter:
     def flush(self) -> None:
         self.results["updated_at"] = now()
         self.results["average"] = average(self.results)
-        write_json_atomic(self.json_path, self.results)
-        write_text_atomic(self.md_path, render_markdown(self.results, self.baseline))
+        published = public_record(self.results)  # what the header did not name: error messages
+        write_json_atomic(self.json_path, published)
+        write_text_atomic(self.md_path, render_markdown(published, public_record(self.baseline)))

@@ -14,6 +14,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
+from ..public_names import hide_local_paths, public_name
 from . import provenance
 from .data import LoadedSplit, load_split, save_split
 from .report import ResultsWriter, load_baseline
@@ -208,7 +209,7 @@ def run_task(spec: TaskSpec, split: LoadedSplit, model, processor, sink, cfg: Ev
 def _scrub(text: str, cfg: EvalConfig) -> str:
     """An error message as results.json may publish it: the run's own folders by their base names."""
     local_model = cfg.model if cfg.model and provenance.is_local(cfg.model) else None  # a Hub id stays as it is
-    return provenance.scrub_paths(text, [local_model, cfg.data_dir, cfg.output_dir, cfg.save_data, cfg.baseline])
+    return hide_local_paths(text, [local_model, cfg.data_dir, cfg.output_dir, cfg.save_data, cfg.baseline])
 
 
 def _public_location(split: LoadedSplit, cfg: EvalConfig) -> str:
@@ -216,7 +217,7 @@ def _public_location(split: LoadedSplit, cfg: EvalConfig) -> str:
     if split.source != "local":
         return split.location
     relative = os.path.relpath(split.location, cfg.data_dir)
-    root = provenance.public_path(cfg.data_dir)
+    root = public_name(cfg.data_dir)
     return root if relative == "." else f"{root}/{relative}"
 
 
@@ -227,7 +228,7 @@ def run_identity(cfg: EvalConfig, specs: list[TaskSpec], splits: dict[str, Loade
     chosen = {spec.name for spec in specs}
     settings["tasks"] = ",".join(name for name in TASKS if name in chosen)  # canonical: aliases, order do not matter
     return {
-        "model": provenance.public_model_id(cfg.model),
+        "model": public_name(cfg.model),
         "revision": cfg.revision,
         "model_fingerprint": provenance.model_fingerprint(cfg.model),
         "settings": provenance.public_settings(settings),
