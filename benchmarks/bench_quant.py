@@ -181,7 +181,8 @@ def build_checkpoint(preset: Preset, folder: str, device: torch.device, dtype: t
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
-    from llava_normaligned.tiny import IMAGE_TOKEN, train_tokenizer
+    from llava_normaligned.tiny import train_tokenizer
+    from llava_normaligned.tokens import IMAGE_TOKEN
     from modeling_llava_normaligned import LlavaNormAlignedConfig, LlavaNormAlignedForConditionalGeneration
 
     tokenizer = train_tokenizer()

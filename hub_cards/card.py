@@ -25,6 +25,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from llava_normaligned.anatomy import LLAVA_NORMALIGNED, family_of
+from llava_normaligned.io import write_text_atomic
 from llava_normaligned.public_names import hide_local_paths
 
 from .selfcheck import TOKEN_PATTERN, remote_code_files, require_model_folder, safetensors_header
@@ -687,7 +688,7 @@ def validate_on_hub(card: ModelCard) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from llava_normaligned.cli import fail
+    from llava_normaligned.console import fail
 
     from .selfcheck import SelfCheckError, check_checkpoint_folder
 
@@ -709,8 +710,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(str(card))
         return 0
     output = Path(args.output) if args.output else Path(args.folder) / "README.md"
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(str(card), encoding="utf-8")
-    os.replace(tmp, output)  # never a half-written card
+    write_text_atomic(output, str(card))  # never a half-written card
     print(f"wrote {output}")
     return 0

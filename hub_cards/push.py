@@ -359,7 +359,7 @@ def make_push_parser() -> argparse.ArgumentParser:
 
 
 def push_main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.cli import fail
+    from llava_normaligned.console import fail
 
     args = make_push_parser().parse_args(argv)
     options = card_options(args)
@@ -411,7 +411,7 @@ def make_pull_parser() -> argparse.ArgumentParser:
 
 
 def pull_main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.cli import fail
+    from llava_normaligned.console import fail
 
     args = make_pull_parser().parse_args(argv)
     if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):

@@ -17,9 +17,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from .anatomy import anatomy_of
-from .cli import POSITIVE, check_number, check_output_folder, fail, removed_unless_kept
+from .console import POSITIVE, check_number, check_output_folder, fail, removed_unless_kept
 from .loading import TRUST_REMOTE_CODE_DEFAULT, add_trust_remote_code_flags, check_source, dtype_argument, parse_dtype
 from .public_names import public_name
+from .tokens import IMAGE_TOKEN
 
 if TYPE_CHECKING:  # torch and transformers are imported where a model is built: `--help` does not wait for them
     import torch
@@ -169,8 +170,6 @@ def _select_strategy(vision_config) -> tuple[str, int]:
 
 def multimodal_chat_template(template: str | None, tokenizer) -> str | None:
     """The LM's chat template, made to accept image parts. Returned unchanged when it already renders them."""
-    from .tiny import IMAGE_TOKEN
-
     if not template:
         return None
     probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hello"}]}]
@@ -212,8 +211,6 @@ def compose(
     check_parts(vision_model, text_model, revision=revision, text_revision=text_revision,
                 trust_remote_code=trust_remote_code, vision_feature_layer=vision_feature_layer)
     from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoTokenizer
-
-    from .tiny import IMAGE_TOKEN
 
     dtype = parse_dtype(dtype)
     vision_config, vision_tower = _vision_parts(vision_model, revision, dtype, trust_remote_code)
@@ -266,8 +263,6 @@ def compose_parts(
         LlavaNormAlignedForConditionalGeneration,
         text_embedding_norm_target,
     )
-
-    from .tiny import IMAGE_TOKEN
 
     strategy, n_extra = _select_strategy(vision_config)
     strategy = vision_feature_select_strategy or strategy
@@ -524,7 +519,7 @@ def _check_arguments(args) -> None:
 
 
 def _save_new(model, processor, output_dir: str) -> None:
-    """``save``, leaving no half-written folder when it fails or is stopped (``cli.removed_unless_kept``)."""
+    """``save``, leaving no half-written folder when it fails or is stopped (``console.removed_unless_kept``)."""
     with removed_unless_kept(output_dir):
         save(model, processor, output_dir)
 

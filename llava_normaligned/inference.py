@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .cli import (
+from .console import (
     NON_NEGATIVE,
     POSITIVE_COUNT,
     BadInput,

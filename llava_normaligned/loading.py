@@ -167,7 +167,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def require_bitsandbytes():
     """Import bitsandbytes or raise an ImportError that says how to install it."""
-    from .cli import quiet_known_notices
+    from .console import quiet_known_notices
 
     quiet_known_notices()  # its optional-kernel notice at import (see there)
     try:

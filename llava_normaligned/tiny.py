@@ -26,7 +26,8 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
-IMAGE_TOKEN = "<image>"
+from .tokens import IMAGE_TOKEN
+
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
 
 # ChatML, as SmolLM2 and Qwen2.5 write it. Message content may be a string or a list of {"type": "image"} /

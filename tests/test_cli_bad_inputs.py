@@ -23,7 +23,8 @@ import eval_fixtures
 import pytest
 from test_train_support import write_llava_dataset
 
-from llava_normaligned.cli import BadInput, main, quiet_known_notices, removed_unless_kept
+from llava_normaligned.cli import main
+from llava_normaligned.console import BadInput, quiet_known_notices, removed_unless_kept
 
 # A Hub that refuses every connection at once: a command that asked it would say so, not "no such folder".
 CLOSED_HUB = "http://127.0.0.1:9"

@@ -33,12 +33,12 @@ def test_help_is_built_once_then_read_without_importing_trl(tmp_path, command):
 
 
 def test_the_key_follows_the_sources_and_versions(monkeypatch):
-    from llava_normaligned import cli
+    from llava_normaligned import console
 
-    key = cli._help_key("train")
-    assert key == cli._help_key("train") and key != cli._help_key("eval")
-    monkeypatch.setattr(cli, "HELP_DEPENDS_ON", cli.HELP_DEPENDS_ON + ("numpy",))
-    assert cli._help_key("train") != key
+    key = console._help_key("train")
+    assert key == console._help_key("train") and key != console._help_key("eval")
+    monkeypatch.setattr(console, "HELP_DEPENDS_ON", console.HELP_DEPENDS_ON + ("numpy",))
+    assert console._help_key("train") != key
 
 
 # ------------------------------------------------------------------------------ every option of every command

@@ -160,7 +160,7 @@ def test_the_demo_s_spawned_workers_install_the_filters(library, notice):
 def test_deepspeed_s_notice_is_kept_for_a_run_that_trains_with_deepspeed():
     probe = """
         import sys
-        from llava_normaligned.cli import quiet_known_notices
+        from llava_normaligned.console import quiet_known_notices
         quiet_known_notices({argv!r})
         import deepspeed
     """

@@ -372,7 +372,7 @@ def test_cli_writes_json_csv_png_and_summary(cli_run, tiny_model_dir, stock_mode
     assert f"`{os.path.basename(tiny_model_dir)}`" in summary and f"`{os.path.basename(stock_model_dir)}`" in summary
     assert f"**{doc['vision_text_norm_ratio']:.3f}**" in summary
     assert "(fig_norms_cosine.png)" in summary  # a relative link the model card re-points
-    assert not [n for n in os.listdir(out) if ".tmp-" in n]
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]  # no temporary file left behind
 
 
 # --------------------------------------------------------------------------------------------------- errors

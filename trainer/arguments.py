@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, SFTConfig, TrlParser
 
-from llava_normaligned.cli import (
+from llava_normaligned.console import (
     FRACTION,
     NON_NEGATIVE,
     POSITIVE,

@@ -35,7 +35,6 @@ values before any update). A resumed run therefore keeps the history of the inte
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -45,6 +44,7 @@ from transformers import TrainerCallback
 
 # projector_of / projector_norm_of: callers import them from here too
 from llava_normaligned.anatomy import anatomy_of, projector_norm_of, projector_of, strip_wrappers
+from llava_normaligned.io import write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -348,11 +348,7 @@ def norm_records(log_history: list[dict]) -> list[dict]:
 def write_norm_tracking(records: list[dict], folder: str) -> str:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, NORM_TRACKING_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(records, handle, indent=1)
-    os.replace(tmp, path)  # never a half-written file
-    return path
+    return write_json_atomic(path, records, indent=1)
 
 
 __all__ = [

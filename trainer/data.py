@@ -41,9 +41,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from llava_normaligned.io import write_json_atomic
+from llava_normaligned.tokens import IMAGE_TOKEN as IMAGE_TAG  # the tag in LLaVA-format text
+
 logger = logging.getLogger(__name__)
 
-IMAGE_TAG = "<image>"
 # LLaVA's role names -> chat roles.
 LLAVA_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 CHAT_ROLES = ("system", "user", "assistant")
@@ -731,12 +733,12 @@ def _parse_llava_file(rows, path: str, file_index: int, image_folder, columns: _
                     if role is None or type(value) is not str:
                         roles_of = None
                         break
-                    if "<image>" in value:
+                    if IMAGE_TAG in value:
                         if role != "user":
                             roles_of = None
                             break
-                        tags += value.count("<image>")
-                        value = value.replace("<image>", "").strip()
+                        tags += value.count(IMAGE_TAG)
+                        value = value.replace(IMAGE_TAG, "").strip()
                     seen |= 1 if role == "user" else 2 if role == "assistant" else 0
                     roles_of.append(role)
                     contents.append(value)
@@ -797,9 +799,7 @@ def _store(cache_dir: str | None, key: str, table, features, saved: dict):
         return _in_memory_dataset(table, features)
     dataset = _save_dataset(table, features, os.path.join(cache_dir, f"{key}.arrow"))
     meta = os.path.join(cache_dir, f"{key}.json")
-    with open(f"{meta}.{os.getpid()}.tmp", "w", encoding="utf-8") as handle:
-        json.dump(saved, handle)
-    os.replace(f"{meta}.{os.getpid()}.tmp", meta)
+    write_json_atomic(meta, saved)
     return dataset
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import SFTConfig, SFTTrainer
 
+from llava_normaligned.io import write_json_atomic
 from llava_normaligned.public_names import hide_local_paths, public_name, public_record
 
 from .arguments import (
@@ -325,10 +325,7 @@ def _projector_in_vision_dtype(model) -> None:
 def _write_json(payload: dict, folder: str, name: str) -> str:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, name)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, default=str)
-    os.replace(path + ".tmp", path)
-    return path
+    return write_json_atomic(path, payload, indent=1, default=str)
 
 
 def peak_memory() -> dict:
@@ -457,7 +454,7 @@ class PreparedStage:
         return self.config.stage
 
 
-def _shared_cache_dir(args: SFTConfig) -> str | None:
+def _shared_cache_dir() -> str | None:
     """Where the rendered rows are kept (the datasets cache, per machine): the next run with the same rows reads
     them, and in a multi-process run the other processes read what the main process wrote."""
     from .data import default_cache_dir
@@ -469,7 +466,7 @@ def _prepare_rows(dataset, processor, args, *, stage, config):
     with args.main_process_first(desc="rendering the rows"):  # the others then read what the main process wrote
         return prepare_dataset(dataset, processor, max_length=args.max_length, on_too_long=config.on_too_long,
                                drop_text_only=(stage == 1), num_proc=args.dataset_num_proc,
-                               cache_dir=_shared_cache_dir(args), fast_render=config.render == "fast")
+                               cache_dir=_shared_cache_dir(), fast_render=config.render == "fast")
 
 
 def prepare_stage(
@@ -680,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     one line, exit code 2), then train one stage and save (errors there are raised with their traceback). When the
     run fails or is stopped (Ctrl-C: one line, exit code 130) before it saved anything, the output folder is removed
     if this run created it. Returns the exit code."""
-    from llava_normaligned.cli import INTERRUPTED, fail, removed_unless_kept
+    from llava_normaligned.console import INTERRUPTED, fail, removed_unless_kept
 
     from .data import DataError
     from .lora import merge_adapter, stage2_lora_config

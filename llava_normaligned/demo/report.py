@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..io import write_json_atomic, write_text_atomic
+
 # Next to the tables: how the stock row was trained differs from the four variants' recipe in three ways.
 STOCK_ROW_NOTE = (
     "The stock row is not the variants' recipe with the norm removed; it differs in three ways, as LLaVA trained "
@@ -51,10 +53,6 @@ def _fmt(value, digits: int = 3) -> str:
     if value is None:
         return "n/a"
     return f"{value:.{digits}f}"
-
-
-def _delta(value: float, reference: float) -> str:
-    return f"{value:.3f} ({value - reference:+.3f})"
 
 
 def _templates(rows: list[dict]) -> list[str]:
@@ -446,10 +444,8 @@ def write_tables(results: dict, output_dir: str) -> tuple[str, str]:
     """Write ``results.json`` and ``results.md`` (each to a temporary file first, then moved into place)."""
     json_path = os.path.join(output_dir, RESULTS_JSON)
     md_path = os.path.join(output_dir, RESULTS_MD)
-    for path, text in ((json_path, json.dumps(results, indent=1, default=str)), (md_path, render_markdown(results))):
-        with open(path + ".tmp", "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(path + ".tmp", path)
+    write_json_atomic(json_path, results, indent=1, default=str)
+    write_text_atomic(md_path, render_markdown(results))
     return json_path, md_path
 
 

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from llava_normaligned.io import write_json_atomic
 from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec
 
 from . import synthetic
@@ -180,9 +181,7 @@ def prepare_folder(output_dir: str, config: DemoConfig) -> DemoPaths:
 
 
 def _write_json(payload, path: str) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, default=str)
-    os.replace(path + ".tmp", path)
+    write_json_atomic(path, payload, indent=1, default=str)
 
 
 def ensure_dataset(paths: DemoPaths, spec: synthetic.SyntheticSpec, progress: bool) -> synthetic.DatasetPaths:
@@ -523,7 +522,7 @@ _WORKER_INPUTS: dict = {}  # per worker process: the demo folder's config, parts
 def _worker_init() -> None:
     """A spawned worker starts as a fresh Python, without the command's notice filters: install them (the
     progress-bar switches it inherits with the environment)."""
-    from llava_normaligned.cli import quiet_known_notices
+    from llava_normaligned.console import quiet_known_notices
 
     quiet_known_notices([])
 
@@ -908,7 +907,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.cli import progress_bars_on_terminals_only  # bars on a terminal only
+    from llava_normaligned.console import fail, progress_bars_on_terminals_only  # bars on a terminal only
 
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -923,8 +922,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run_demo(args.output_dir, config, progress=progress, workers=args.workers)
     except FileExistsError as error:
-        print(f"llava-normaligned demo: error: {error}", file=sys.stderr)
-        return 2
+        return fail("demo", error, details=True)
     with open(os.path.join(args.output_dir, "results.md"), encoding="utf-8") as handle:
         print("\n" + handle.read())
     print(f"wrote {args.output_dir}: results.md, results.json, figures/, {BEST_DIR}/ "

@@ -415,8 +415,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.cli import check_output_folder, fail
-    from llava_normaligned.cli import progress_bars_on_terminals_only  # bars on a terminal only
+    from llava_normaligned.console import check_output_folder, fail
+    from llava_normaligned.console import progress_bars_on_terminals_only  # bars on a terminal only
 
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             jitter=args.jitter,
         )
-    except ValueError as error:  # cli.BadInput, or a field of the spec out of range
+    except ValueError as error:  # console.BadInput, or a field of the spec out of range
         return fail("make-data", error)
     paths = make_dataset(args.output_dir, spec, progress=not args.no_progress and progress_bars_on_terminals_only())
     with open(paths.info) as f:

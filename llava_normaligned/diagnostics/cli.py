@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llava_normaligned.cli import BadInput, check_numbers, check_output_folder, fail
+from llava_normaligned.console import BadInput, check_numbers, check_output_folder, fail
 
 from .config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
 

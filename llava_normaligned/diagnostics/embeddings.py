@@ -163,10 +163,12 @@ MARKDOWN_NAME = "embedding_comparison.md"
 
 def write(comparison: dict, output_dir: str) -> list[str]:
     from ..public_names import public_record
-    from .report import atomic_write, json_safe
+    from ..io import write_json_atomic, write_text_atomic
+    from .report import json_safe
 
     comparison = public_record(json_safe(comparison))
     return [
-        atomic_write(os.path.join(output_dir, JSON_NAME), json.dumps(comparison, indent=2, ensure_ascii=False)),
-        atomic_write(os.path.join(output_dir, MARKDOWN_NAME), render(comparison)),
+        write_json_atomic(os.path.join(output_dir, JSON_NAME), comparison, make_folder=True, indent=2,
+                          ensure_ascii=False),
+        write_text_atomic(os.path.join(output_dir, MARKDOWN_NAME), render(comparison), make_folder=True),
     ]

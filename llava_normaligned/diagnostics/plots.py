@@ -12,7 +12,8 @@ import io
 import math
 import os
 
-from .report import atomic_write, models
+from ..io import write_bytes_atomic
+from .report import models
 
 MODALITY_COLOURS = {"vision": "tab:blue", "text": "tab:orange"}
 CONDITION_COLOURS = {"real": "tab:blue", "blank": "tab:gray", "no_image": "tab:green"}
@@ -53,7 +54,7 @@ def _save(fig, path: str) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
     _pyplot().close(fig)
-    return atomic_write(path, buffer.getvalue())
+    return write_bytes_atomic(path, buffer.getvalue(), make_folder=True)
 
 
 def _layer_panels(document, panels, title):

@@ -162,10 +162,6 @@ class LayerStats:
     def mean_curves(self, modality: str) -> dict[str, torch.Tensor]:
         return {name: torch.stack(curves).mean(0) for name, curves in self.curves[modality].items()}
 
-    def sample_curves(self, modality: str, name: str) -> torch.Tensor:
-        """(num_samples, L+1)."""
-        return torch.stack(self.curves[modality][name])
-
     def summary(self, modalities=("vision", "text", "template")) -> dict:
         result = {}
         for modality in modalities:

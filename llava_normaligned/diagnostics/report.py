@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 from datetime import datetime, timezone
 
+from ..io import write_json_atomic, write_text_atomic
 from ..public_names import public_name, public_record
 
 FORMAT = "llava-normaligned-diagnostics/1"
@@ -77,17 +77,6 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
-
-
-def atomic_write(path: str, data: str | bytes) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-    return path
 
 
 def _csv_text(header: list[str], rows: list[list]) -> str:
@@ -393,9 +382,11 @@ def write_outputs(document: dict, output_dir: str, figures: list[str] = ()) -> l
     """Write the JSON, the CSV tables and the Markdown summary; ``figures`` (paths already written in
     ``output_dir``, ``plots.write_figures``) are linked from the summary. Returns the paths, figures last."""
     document = public_record(json_safe(document))  # what the settings did not name: notes, messages
-    written = [atomic_write(os.path.join(output_dir, JSON_NAME), json.dumps(document, indent=2, ensure_ascii=False))]
+    written = [write_json_atomic(os.path.join(output_dir, JSON_NAME), document, make_folder=True, indent=2,
+                                 ensure_ascii=False)]
     for name, table in TABLES.items():
-        written.append(atomic_write(os.path.join(output_dir, name), _csv_text(*table(document))))
+        written.append(write_text_atomic(os.path.join(output_dir, name), _csv_text(*table(document)), make_folder=True))
     names = [os.path.basename(path) for path in figures]
-    written.append(atomic_write(os.path.join(output_dir, SUMMARY_NAME), render_summary(document, names)))
+    written.append(write_text_atomic(os.path.join(output_dir, SUMMARY_NAME), render_summary(document, names),
+                                     make_folder=True))
     return written + list(figures)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llava_normaligned.cli import BadInput, check_output_folder
+from llava_normaligned.console import BadInput, check_output_folder
 from llava_normaligned.generation import placeholder_token_ids
 
 from . import blog, passes, probes

@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 
-from llava_normaligned.cli import (
+from llava_normaligned.console import (
     POSITIVE_COUNT,
     BadInput,
     NumberRule,
@@ -153,7 +153,7 @@ def exit_code(results: dict, allow_errors: bool) -> int:
         print(f"warning: {errors} samples raised errors and were scored wrong; their scores are marked † (see "
               f"'error' in {SAMPLES_FILE}); {accepted}", file=sys.stderr)
     for name, error in results["failed_tasks"].items():
-        print(f"error: task {name} failed: {error}", file=sys.stderr)
+        fail("eval", f"task {name} failed: {error}", code=1, details=True)
     return 1 if results["failed_tasks"] or (errors and not allow_errors) else 0
 
 

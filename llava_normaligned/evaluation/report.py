@@ -16,6 +16,7 @@ import math
 import os
 from datetime import datetime, timezone
 
+from ..io import write_json_atomic, write_text_atomic
 from ..public_names import public_record
 from .tasks import PAPER_TASKS, TASKS
 
@@ -29,22 +30,6 @@ class BaselineError(ValueError):
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def write_json_atomic(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def average(results: dict, over: list[str] | None = None) -> dict:
@@ -226,5 +211,5 @@ class ResultsWriter:
         self.results["updated_at"] = now()
         self.results["average"] = average(self.results)
         published = public_record(self.results)  # what the header did not name: error messages
-        write_json_atomic(self.json_path, published)
+        write_json_atomic(self.json_path, published, fsync=True, indent=2, ensure_ascii=False, default=str)
         write_text_atomic(self.md_path, render_markdown(published, public_record(self.baseline)))
