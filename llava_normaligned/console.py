@@ -123,22 +123,24 @@ def check_numbers(values, rules: dict[str, NumberRule], flag=option_flag, error:
             check_number(flag(name), values[name], rule, error)
 
 
+def _check_input(flag: str, path: str, folder: bool) -> None:
+    """``path`` (given by ``flag``) must be there and be a folder (``folder``) or a file."""
+    full = os.path.expanduser(path)
+    want, other = ("folder", "file") if folder else ("file", "folder")
+    if os.path.isdir(full) if not folder else os.path.isfile(full):
+        raise BadInput(f"{flag} {path}: a {other}, not a {want}; give the {want}")
+    if not (os.path.isdir(full) if folder else os.path.isfile(full)):
+        raise BadInput(f"{flag} {path}: no such {want} ({os.path.abspath(full)})")
+
+
 def check_input_file(flag: str, path: str) -> None:
     """An input file given by ``flag`` must be there and be a file."""
-    full = os.path.expanduser(path)
-    if os.path.isdir(full):
-        raise BadInput(f"{flag} {path}: a folder, not a file; give the file")
-    if not os.path.isfile(full):
-        raise BadInput(f"{flag} {path}: no such file ({os.path.abspath(full)})")
+    _check_input(flag, path, folder=False)
 
 
 def check_input_folder(flag: str, path: str) -> None:
     """An input folder given by ``flag`` must be there and be a folder."""
-    full = os.path.expanduser(path)
-    if os.path.isfile(full):
-        raise BadInput(f"{flag} {path}: a file, not a folder; give the folder")
-    if not os.path.isdir(full):
-        raise BadInput(f"{flag} {path}: no such folder ({os.path.abspath(full)})")
+    _check_input(flag, path, folder=True)
 
 
 def _check_creatable(flag: str, path: str) -> None:
