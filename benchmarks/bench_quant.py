@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 
 from llava_normaligned.generation import prepare_inputs
-from llava_normaligned.inference import QUANTIZED_ROOT, load_model, parse_dtype, resolve_device
+from llava_normaligned.loading import QUANTIZED_ROOT, load_model, parse_dtype, resolve_device
 
 NF4_DOUBLE_QUANT_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # 4-bit codes, 8-bit absmax per 64, fp32 per 256 absmax
 INT8_BITS = 8 + 32 / 4096  # int8 codes + an fp32 scale per output row (rows of ~4k)
@@ -181,8 +181,8 @@ def build_checkpoint(preset: Preset, folder: str, device: torch.device, dtype: t
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
+    from llava_normaligned.families.tokens import IMAGE_TOKEN
     from llava_normaligned.tiny import train_tokenizer
-    from llava_normaligned.tokens import IMAGE_TOKEN
     from modeling_llava_normaligned import LlavaNormAlignedConfig, LlavaNormAlignedForConditionalGeneration
 
     tokenizer = train_tokenizer()

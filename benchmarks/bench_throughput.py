@@ -140,8 +140,9 @@ def sft_args(output_dir: str, opts, **extra):
 
 def run_ours(name: str, folder: str, dataset, opts, workdir: str) -> dict:
     from llava_normaligned.trainer.train import StageConfig, prepare_stage, run_stage
-    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
     from transformers import AutoProcessor
+
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
     model = LlavaNormAlignedForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
     timer = bench_train.StepTimer("cpu")
@@ -274,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(runs: dict, folder: str, peak: float) -> dict:
     """Per configuration, over all its timed steps: real tokens/s, padding fraction, model GFLOP/s and MFU; the
     ratios to stock and to grouped alone."""
-    from llava_normaligned.diagnostics.memory import pass_shape
     from transformers import AutoConfig
+
+    from llava_normaligned.diagnostics.memory import pass_shape
 
     shape = pass_shape(AutoConfig.from_pretrained(folder, trust_remote_code=True))
     out = {}

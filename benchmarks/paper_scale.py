@@ -39,6 +39,7 @@ seconds at the measured float32 rate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import math
@@ -90,8 +91,9 @@ def model_config(opts):
 
 def build(opts, workdir: str) -> tuple[str, str]:
     """(norm-aligned folder, stock LLaVA folder) at the shape, random weights, the same in both."""
-    from llava_normaligned.compose import compose_parts, save, stock_llava_like
     from transformers import AutoModelForCausalLM, SiglipImageProcessor, SiglipVisionModel
+
+    from llava_normaligned.compose import compose_parts, save, stock_llava_like
 
     config = model_config(opts)
     tokenizer = scale_data.word_tokenizer(with_image_token=True)
@@ -248,8 +250,9 @@ def child_stock(spec: dict) -> int:
     from trl import SFTTrainer
 
     logging.disable(logging.WARNING)
-    stage_args, args, model_args, _ = parse_train_args(spec["argv"])
-    args.assistant_only_loss, args.report_to = True, []
+    config = parse_train_args(spec["argv"])
+    args = dataclasses.replace(config.sft_args, assistant_only_loss=True, report_to=[])  # stock TRL's answer-only loss
+    model_args = config.model_args
     model = LlavaForConditionalGeneration.from_pretrained(spec["model"], dtype=model_args.dtype,
                                                           attn_implementation=model_args.attn_implementation)
     peft_config = stage2_lora_config(model_args) if model_args.use_peft else None
@@ -307,8 +310,9 @@ def tokens_per_row(model: str, data, stage: int) -> float:
 def step_flops(model: str, stage: int, tokens: float, rows: int, full: bool) -> float:
     """Model FLOPs of a step of ``rows`` rows of ``tokens`` tokens: forward, plus the backward (stage 1 and LoRA:
     input gradients through the LLM, 2 N a token; full stage 2: 4 N, the vision tower too); causal attention."""
-    from llava_normaligned.diagnostics.memory import pass_flops, pass_shape
     from transformers import AutoConfig
+
+    from llava_normaligned.diagnostics.memory import pass_flops, pass_shape
 
     shape = pass_shape(AutoConfig.from_pretrained(model, trust_remote_code=True))
     tokens = round(tokens)
@@ -420,8 +424,9 @@ def rescore(results: dict, peak: float) -> None:
 
 
 def run_stage(opts, stage: int, ours: str, stock: str, workdir: str, env: dict, peak: float) -> dict:
-    from llava_normaligned.diagnostics.memory import training_estimate
     from transformers import AutoConfig
+
+    from llava_normaligned.diagnostics.memory import training_estimate
 
     data = write_rows(workdir, stage, opts.rows)
     tokens = tokens_per_row(ours, data, stage)

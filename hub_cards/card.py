@@ -24,8 +24,8 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from llava_normaligned.anatomy import LLAVA_NORMALIGNED, family_of
-from llava_normaligned.io import write_text_atomic
+from llava_normaligned.families.anatomy import LLAVA_NORMALIGNED, family_of
+from llava_normaligned.io import write_json_atomic, write_text_atomic
 from llava_normaligned.public_names import hide_local_paths
 
 from .selfcheck import TOKEN_PATTERN, remote_code_files, require_model_folder, safetensors_header
@@ -55,6 +55,11 @@ BASE_MODEL_RELATIONS = ("adapter", "merge", "quantized", "finetune")  # the Hub'
 # Data files, not Hub datasets, when a training source looks like "namespace/name".
 DATA_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".arrow", ".csv", ".tsv", ".txt", ".zip", ".tar", ".gz")
 RATIO_KEY = "vision_text_norm_ratio"  # diagnostics.json: mean norm of the visual tokens entering the LLM / T
+# Notes that whoever wrote a folder adds to its card, {section: Markdown}: the card renders what the folder carries,
+# and a producer with more to say (the demo: its measured GWC finding) says it here, in the folder, so that `push`
+# renders the same card. Sections: "gwc", a paragraph under the GWC optimizer-step table.
+CARD_NOTES = "card_notes.json"
+NOTE_SECTIONS = ("gwc",)
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,29 @@ class Checkpoint:
     diagnostics_dir: Path | None = None
     eval_dir: Path | None = None
     code_files: list[Path] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)  # CARD_NOTES
+
+
+def _checked_notes(notes, where) -> dict[str, str]:
+    if not isinstance(notes, dict) or not all(isinstance(v, str) for v in notes.values()):
+        raise ValueError(f"{where}: expected an object of Markdown strings, {{section: text}}")
+    unknown = sorted(set(notes) - set(NOTE_SECTIONS))
+    if unknown:
+        raise ValueError(f"{where}: unknown section(s) {', '.join(unknown)}; the card's are {', '.join(NOTE_SECTIONS)}")
+    return notes
+
+
+def read_card_notes(folder: Path) -> dict[str, str]:
+    """The folder's ``card_notes.json`` ({} without one); ``ValueError`` for a section the card does not have."""
+    path = folder / CARD_NOTES
+    return _checked_notes(_read_json(path) or {}, path)
+
+
+def write_card_notes(folder: str | os.PathLike, notes: dict[str, str]) -> Path:
+    """Write ``notes`` ({section: Markdown}, sections from ``NOTE_SECTIONS``) as the folder's ``card_notes.json``."""
+    path = Path(folder) / CARD_NOTES
+    write_json_atomic(path, _checked_notes({k: v for k, v in notes.items() if v}, path))
+    return path
 
 
 def read_checkpoint(folder: str | os.PathLike, options: CardOptions | None = None) -> Checkpoint:
@@ -130,6 +158,7 @@ def read_checkpoint(folder: str | os.PathLike, options: CardOptions | None = Non
         diagnostics_dir=diagnostics if diagnostics.is_dir() else None,
         eval_dir=evaluation if evaluation.is_dir() else None,
         code_files=[folder / name for name in sorted(remote_code_files(folder))],
+        notes=read_card_notes(folder),
     )
 
 
@@ -243,7 +272,7 @@ def _part(sub: dict, fallback: str) -> dict:
 
 
 def _family(ckpt: Checkpoint):
-    """The checkpoint's family (``llava_normaligned.anatomy``): where its parts' weights are named."""
+    """The checkpoint's family (``llava_normaligned.families.anatomy``): where its parts' weights are named."""
     return family_of(ckpt.config) or LLAVA_NORMALIGNED
 
 
@@ -402,15 +431,50 @@ def tracking_table(tracking) -> tuple[list[str], list[list[str]], int]:
     return columns, [[_fmt(records[i].get(c)) for c in columns] for i in picks], len(records)
 
 
+OPTIMIZER_KEYS = ("grad_norm", "clip_coef", "grad_norm_before_part_clip")
+OPTIMIZER_PREFIXES = ("grad_norm/", "update_size/", "clip_coef/")
+
+
+def mean_of(values):
+    """The mean of numbers; of dicts, the mean per key (recursively); otherwise the first value."""
+    values = list(values)
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return sum(values) / len(values)
+    if values and all(isinstance(v, dict) for v in values):
+        return {k: mean_of(v.get(k) for v in values) for k in values[0]}
+    return values[0] if values else None
+
+
+def parts_total(record: dict) -> float | None:
+    """The root sum of squares of a record's per-part gradient norms (``grad_norm/<part>``, read before any
+    clipping): the whole gradient's norm before clipping. The Trainer's own ``grad_norm`` is the norm its global
+    clipping sees, which under per-part clipping (``clip_coef/<part>`` in the record) is taken after each part was
+    clipped; this is the total before. None without per-part norms."""
+    parts = [v for k, v in record.items() if k.startswith("grad_norm/") and isinstance(v, (int, float))]
+    return math.sqrt(sum(v * v for v in parts)) if parts else None
+
+
+def optimizer_step_stats(records: list[dict]) -> dict:
+    """Per key of the norm-tracking records (pre-clip gradient norms ``grad_norm[/part]``, the clip coefficient
+    ``clip_coef[/part]``, the update sizes ``update_size/<part>``), the mean over the logged training steps (step > 0)
+    of one run's records, and the first logged step's values. The model card's norm-tracking section and the demo's
+    tables both read a run's optimizer step through this. With per-part clipping (``clip_coef/<part>`` logged),
+    ``grad_norm_before_part_clip`` is ``parts_total``: ``grad_norm`` is then the norm after the per-part clipping."""
+    logged = [r for r in records if isinstance(r, dict) and (r.get("step") or 0) > 0]
+    if logged and any(k.startswith("clip_coef/") for k in logged[0]):
+        logged = [{**r, "grad_norm_before_part_clip": parts_total(r)} for r in logged]
+    keys = [k for k in (logged[0] if logged else {}) if k in OPTIMIZER_KEYS or k.startswith(OPTIMIZER_PREFIXES)]
+    return {"mean": {k: mean_of(r[k] for r in logged if k in r) for k in keys},
+            "first": {k: logged[0][k] for k in keys}, "steps": len(logged)}
+
+
 GWC_PARTS = ("vision_tower", "projector", "projector_norm", "llm")
 
 
 def gwc_optimizer_rows(ckpt: Checkpoint) -> tuple[list[tuple[str, str, str]], int]:
     """For a checkpoint trained with GWC: (quantity, mean over the logged steps, first logged step) of its optimizer
-    step, from ``norm_tracking.json`` (``demo.stats.optimizer_step_stats``, as the demo's tables read it), and the
-    number of logged steps; ([], 0) without GWC or without those records."""
-    from llava_normaligned.demo.stats import mean_of, optimizer_step_stats
-
+    step, from ``norm_tracking.json`` (``optimizer_step_stats``, as the demo's tables read it), and the number of
+    logged steps; ([], 0) without GWC or without those records."""
     if not ckpt.config.get("gradient_compensation"):
         return [], 0
     records = tracking_records(ckpt.tracking)
@@ -438,26 +502,6 @@ def gwc_optimizer_rows(ckpt: Checkpoint) -> tuple[list[tuple[str, str, str]], in
     for part in GWC_PARTS:
         add(f"update size ||Δθ|| / ||θ|| (x 1e-3), {part}", f"update_size/{part}", 1e3)
     return rows, stats["steps"]
-
-
-def demo_gwc_text() -> str | None:
-    """The package's measured CPU-demo finding on GWC under AdamW, in words, from ``assets/demo_gwc.json`` (written
-    from the run the docs quote by ``python -m llava_normaligned.demo.report --write-asset``)."""
-    from llava_normaligned.demo.report import gwc_finding_text, read_gwc_asset
-
-    asset = read_gwc_asset()
-    if not asset or not asset.get("finding"):
-        return None
-    finding = asset["finding"]
-    seeds = finding.get("seeds") or []
-    steps = finding.get("steps") or {}
-    scope = ", ".join(x for x in (
-        f"{len(seeds)} seeds" if seeds else "",
-        f"{finding['llm_layers']}-layer LLM" if finding.get("llm_layers") else "",
-        f"{steps.get('stage1')} + {steps.get('stage2')} steps" if steps else "") if x)
-    return (f"In the package's CPU demo (`{asset.get('command', 'llava-normaligned demo')}`"
-            f"{'; ' + scope if scope else ''}; target init with and without GWC, each with clipping at 1.0 and "
-            f"without): {gwc_finding_text(finding)}")
 
 
 def embedded_markdown(path: Path, link_prefix: str) -> str | None:
@@ -578,7 +622,7 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
         tracking_count=tracking_count,
         gwc_rows=_cells(gwc_rows),
         gwc_steps=gwc_steps,
-        gwc_demo=demo_gwc_text() if gwc_rows else None,
+        gwc_note=public(ckpt.notes["gwc"]) if gwc_rows and ckpt.notes.get("gwc") else None,
         diagnostics_dir="diagnostics",
         diagnostics_md=embedded_markdown(ckpt.diagnostics_dir / "summary.md", "diagnostics")
         if ckpt.diagnostics_dir else None,

@@ -35,10 +35,10 @@ from .card import CardOptions, add_card_options, card_options, check_card, packa
 from .selfcheck import (
     PICKLE_SUFFIXES,
     RECORD_PATTERNS,
+    LocalPathError,
     SelfCheckError,
     UploadPlan,
     auto_map_entries,
-    LocalPathError,
     check_checkpoint_folder,
     check_local_paths,
     check_text_paths,

@@ -52,7 +52,7 @@ PROCESSOR_PATTERNS = (
 )
 # Records the model card is rendered from: published with the weights so that readers can check the card's numbers.
 RECORD_PATTERNS = (
-    "training_summary.json", "norm_tracking.json",
+    "training_summary.json", "norm_tracking.json", "card_notes.json",
     "diagnostics/*.json", "diagnostics/*.md", "diagnostics/*.png", "diagnostics/*.svg", "diagnostics/*.csv",
     "eval/*.json", "eval/*.md", "eval/*.png", "eval/*.svg", "eval/*.csv",
 )

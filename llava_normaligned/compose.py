@@ -16,11 +16,12 @@ import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from .anatomy import anatomy_of
 from .console import POSITIVE, check_number, check_output_folder, fail, removed_unless_kept
+from .families.anatomy import anatomy_of
+from .families.tokens import IMAGE_TOKEN
 from .loading import TRUST_REMOTE_CODE_DEFAULT, add_trust_remote_code_flags, check_source, dtype_argument, parse_dtype
+from .norm_variant import NORM_FIELDS, NormVariant, add_norm_flags
 from .public_names import public_name
-from .tokens import IMAGE_TOKEN
 
 if TYPE_CHECKING:  # torch and transformers are imported where a model is built: `--help` does not wait for them
     import torch
@@ -31,7 +32,6 @@ logger = logging.getLogger(__name__)
 # Vision encoders whose last hidden state has no CLS token (LLaVA's "full" strategy).
 NO_CLS_VISION_TYPES = {"siglip_vision_model"}
 CLS_VISION_TYPES = {"clip_vision_model"}
-NORM_FIELDS = ("projector_norm", "norm_init", "gradient_compensation", "gradient_compensation_min")
 
 # Wraps a text-only chat template so that list content ({"type": "image"} / {"type": "text"} parts, as processors
 # and TRL pass it) is rendered as plain text with the image token where each image goes.
@@ -77,13 +77,15 @@ def _adopt(dst: torch.nn.Module, src: torch.nn.Module, what: str) -> None:
     for name, tensor in src_state.items():
         owner_name, _, leaf = name.rpartition(".")
         owner = dst.get_submodule(owner_name) if owner_name else dst
-        if leaf in owner._parameters:
-            expected = owner._parameters[leaf].shape
-            if tensor.shape != expected:
-                raise ValueError(f"{what}: weight {name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
-            owner._parameters[leaf] = tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor)
+        current = dict(owner.named_parameters(recurse=False)).get(leaf)
+        if current is not None:
+            if tensor.shape != current.shape:
+                raise ValueError(f"{what}: weight {name} has shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(current.shape)}")
+            # nn.Module.__setattr__ registers a Parameter in the parameter's place, and keeps a buffer a buffer
+            setattr(owner, leaf, tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor))
         else:
-            owner._buffers[leaf] = tensor
+            setattr(owner, leaf, tensor)
 
 
 def _vision_parts(vision_model: str, revision: str | None, dtype, trust_remote_code: bool):
@@ -186,10 +188,7 @@ def compose(
     vision_model: str,
     text_model: str,
     *,
-    projector_norm: str | None = "layernorm",
-    norm_init: str = "target",
-    gradient_compensation: bool = True,
-    gradient_compensation_min: float = 1e-3,
+    norm_variant: NormVariant | None = None,
     vision_feature_layer: int = -2,
     vision_feature_select_strategy: str | None = None,
     projector_hidden_act: str = "gelu",
@@ -198,14 +197,17 @@ def compose(
     text_revision: str | None = None,
     trust_remote_code: bool | None = TRUST_REMOTE_CODE_DEFAULT,
     seed: int = 42,
+    **norm_options,
 ):
     """Build a norm-aligned LLaVA from a vision encoder and a causal LM, both with their pretrained weights.
 
     LLaVA-1.5 defaults: a 2-layer GELU MLP projector, features of the penultimate vision layer, the select strategy
     the encoder needs (SigLIP has no CLS token). T, the mean norm of the LM's non-zero text-embedding rows (the image
     token's row left out, as everywhere: ``text_embedding_norm_target``), is stored in the config (paper §5.1).
-    Returns (model, processor).
+    The projector norm: ``norm_variant`` (default: the paper's method), or its options by name
+    (``projector_norm=None``, ``norm_init="default"``, ...; ``NormVariant``). Returns (model, processor).
     """
+    norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)  # before anything is read
     check_source(vision_model, "vision model", revision=revision)  # before the imports: a typo fails at once
     check_source(text_model, "text model", revision=text_revision)
     check_parts(vision_model, text_model, revision=revision, text_revision=text_revision,
@@ -226,8 +228,7 @@ def compose(
     image_processor = AutoImageProcessor.from_pretrained(vision_model, revision=revision)
     return compose_parts(
         vision_config, vision_tower, llm, tokenizer, image_processor,
-        vision_name=vision_model, text_name=text_model, projector_norm=projector_norm, norm_init=norm_init,
-        gradient_compensation=gradient_compensation, gradient_compensation_min=gradient_compensation_min,
+        vision_name=vision_model, text_name=text_model, norm_variant=norm_variant,
         vision_feature_layer=vision_feature_layer, vision_feature_select_strategy=vision_feature_select_strategy,
         projector_hidden_act=projector_hidden_act, dtype=dtype, seed=seed,
     )
@@ -242,19 +243,19 @@ def compose_parts(
     *,
     vision_name: str,
     text_name: str,
-    projector_norm: str | None = "layernorm",
-    norm_init: str = "target",
-    gradient_compensation: bool = True,
-    gradient_compensation_min: float = 1e-3,
+    norm_variant: NormVariant | None = None,
     vision_feature_layer: int = -2,
     vision_feature_select_strategy: str | None = None,
     projector_hidden_act: str = "gelu",
     dtype: torch.dtype | None = None,
     seed: int = 42,
+    **norm_options,
 ):
     """``compose`` from parts already built: the vision tower (a ``*VisionModel``) with its config, the causal LM,
     its tokenizer (with the image token added) and the vision encoder's image processor. The LM's weights may be on
-    the meta device except its input embeddings, which T is computed from. Returns (model, processor)."""
+    the meta device except its input embeddings, which T is computed from. The projector norm as in ``compose``.
+    Returns (model, processor)."""
+    norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)
     import torch
     from transformers import LlavaProcessor
 
@@ -291,11 +292,8 @@ def compose_parts(
         projector_hidden_act=projector_hidden_act,
         vision_feature_select_strategy=strategy,
         vision_feature_layer=vision_feature_layer,
-        projector_norm=projector_norm,
         norm_target=norm_target,
-        norm_init=norm_init,
-        gradient_compensation=gradient_compensation,
-        gradient_compensation_min=gradient_compensation_min,
+        **norm_variant.config_kwargs(),
         tie_word_embeddings=bool(getattr(llm.config, "tie_word_embeddings", False)),
     )
     with _meta_device():
@@ -305,13 +303,17 @@ def compose_parts(
     _adopt(parts.language_model, llm.base_model, f"text model {text_model!r}")
     if not config.tie_word_embeddings:
         _adopt(model.get_output_embeddings(), llm.get_output_embeddings(), f"text model {text_model!r} (lm_head)")
-    # The projector is the only new part: materialise and initialise it (LLaVA init; gain T / sqrt(D)), in fp32.
-    parts.projector.to_empty(device="cpu").float()
+    # The projector is the only new part: materialise and initialise it in fp32 (LLaVA's init for the MLP, drawn
+    # with ``seed``; the norm per the variant: gain T / sqrt(D) or 1, bias 0).
+    projector = parts.projector
+    projector.to_empty(device="cpu").float()
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    for module in parts.projector.modules():
-        model._init_weights(module)
+    for module in projector.modules():
+        if module is not projector.norm:
+            model._init_weights(module)
     torch.random.set_rng_state(generator_state)
+    projector.reset_norm()
     model.to(model_dtype)
     model.tie_weights()
     if image_token_id >= model.get_input_embeddings().weight.shape[0]:
@@ -358,15 +360,15 @@ def _check_stock_llava(source: str, revision: str | None) -> None:
 def convert_from_llava(
     source: str,
     *,
-    projector_norm: str | None = "layernorm",
-    norm_init: str = "target",
-    gradient_compensation: bool = True,
-    gradient_compensation_min: float = 1e-3,
+    norm_variant: NormVariant | None = None,
     dtype: torch.dtype | None = None,
     revision: str | None = None,
+    **norm_options,
 ):
     """Turn a stock ``LlavaForConditionalGeneration`` checkpoint (legacy or current key layout) into a norm-aligned
-    one. Every stock weight must be present; only the new norm is initialised. Returns (model, processor)."""
+    one. Every stock weight must be present; only the new norm is initialised, per ``norm_variant`` or the options
+    by name (as in ``compose``). Returns (model, processor)."""
+    norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)
     check_source(source, "stock LLaVA checkpoint", revision=revision)  # before the imports: a typo fails at once
     _check_stock_llava(source, revision)
     import torch
@@ -390,11 +392,8 @@ def convert_from_llava(
         stock_config.pop(key, None)
     config = LlavaNormAlignedConfig(
         **stock_config,
-        projector_norm=projector_norm,
         norm_target=model_norm_target(stock),  # the image token's row left out (paper §5.1)
-        norm_init=norm_init,
-        gradient_compensation=gradient_compensation,
-        gradient_compensation_min=gradient_compensation_min,
+        **norm_variant.config_kwargs(),
     )
     with _meta_device():
         model = LlavaNormAlignedForConditionalGeneration(config)
@@ -413,8 +412,7 @@ def convert_from_llava(
             if name not in stock_projector_params:
                 raise _missing_weight_error(source, [f"{parts.family.projector}.{name}"])
             param.copy_(stock_projector_params[name])
-    if projector.norm is not None:
-        model._init_weights(projector.norm)
+    projector.reset_norm()  # gain T / sqrt(D) or 1, bias 0, in the stock projector's dtype
     model.tie_weights()
     model.generation_config = stock.generation_config
     model.eval()
@@ -450,35 +448,14 @@ def save(model, processor, output_dir: str) -> None:
 # ----------------------------------------------------------------------------------------------------------- CLI
 
 
-def _add_norm_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("projector norm (the paper's ablation, Tables 4-5)")
-    group.add_argument(
-        "--projector-norm", choices=["layernorm", "none"], default="layernorm",
-        help="'none' gives exactly stock LLaVA (paper: w/o Norm)",
-    )
-    group.add_argument(
-        "--norm-init", choices=["target", "default"], default="target",
-        help="'target': gain T/sqrt(D) (paper §5.1); 'default': gain 1 (paper Table 5)",
-    )
-    group.add_argument(
-        "--no-gradient-compensation", dest="gradient_compensation", action="store_false",
-        help="turn Global Weight Compensation off",
-    )
-    group.add_argument("--gradient-compensation-min", type=float, default=1e-3, help="GWC clamp (default 1e-3)")
+def _add_build_options(parser: argparse.ArgumentParser) -> None:
+    """compose / convert: the projector norm's flags (``norm_variant.add_norm_flags``), --dtype and --output-dir."""
+    add_norm_flags(parser)
     parser.add_argument(
         "--dtype", type=dtype_argument, default=None,
         help="dtype to build and save in: bfloat16, float16, float32 (default: the language model's)",
     )
     parser.add_argument("--output-dir", required=True, help="folder to write the model and processor to")
-
-
-def _norm_kwargs(args) -> dict:
-    return dict(
-        projector_norm=None if args.projector_norm == "none" else args.projector_norm,
-        norm_init=args.norm_init,
-        gradient_compensation=args.gradient_compensation,
-        gradient_compensation_min=args.gradient_compensation_min,
-    )
 
 
 def make_compose_parser() -> argparse.ArgumentParser:
@@ -495,7 +472,7 @@ def make_compose_parser() -> argparse.ArgumentParser:
                         help="branch, tag or commit of --text-model on the Hub (default: main)")
     parser.add_argument("--vision-feature-layer", type=int, default=-2, help="default -2 (LLaVA-1.5)")
     add_trust_remote_code_flags(parser)
-    _add_norm_options(parser)
+    _add_build_options(parser)
     return parser
 
 
@@ -507,7 +484,7 @@ def make_convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--from-llava", required=True, help="Hub id or folder of a stock LLaVA checkpoint")
     parser.add_argument("--revision", default=None,
                         help="branch, tag or commit of --from-llava on the Hub (default: main)")
-    _add_norm_options(parser)
+    _add_build_options(parser)
     return parser
 
 
@@ -536,7 +513,7 @@ def compose_main(argv: list[str] | None = None) -> int:
             revision=args.vision_revision,
             text_revision=args.text_revision,
             trust_remote_code=args.trust_remote_code,
-            **_norm_kwargs(args),
+            norm_variant=NormVariant.from_args(args),
         )
     except (OSError, ValueError) as error:  # a model that is not there, or not one compose can take
         return fail("compose", error)
@@ -550,7 +527,7 @@ def convert_main(argv: list[str] | None = None) -> int:
     try:
         _check_arguments(args)
         model, processor = convert_from_llava(
-            args.from_llava, dtype=args.dtype, revision=args.revision, **_norm_kwargs(args)
+            args.from_llava, dtype=args.dtype, revision=args.revision, norm_variant=NormVariant.from_args(args)
         )
     except (OSError, ValueError) as error:
         return fail("convert", error)

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from .anatomy import family_of, vision_dtype
+from .families.anatomy import family_of, vision_dtype
 
 ImageLike = Image.Image | str | os.PathLike
 

@@ -28,7 +28,9 @@ Where training and inference differ, and why:
 
 One ``trust_remote_code`` default, ``TRUST_REMOTE_CODE_DEFAULT = None``: transformers' own resolution, which loads
 this package's model and stock LLaVA with the installed classes and runs no code from the checkpoint. One dtype
-parser, ``parse_dtype``. A name that is no local folder and no Hub repo fails before anything is downloaded
+default, ``DTYPE_DEFAULT = "auto"`` (as stored), and one dtype parser, ``parse_dtype``. What a load takes is one
+frozen ``LoadOptions``; every command that loads a model has the same flags for it (``add_load_flags``, read by
+``LoadOptions.from_args``); ``train`` builds its ``LoadOptions`` from its own fields. A name that is no local folder and no Hub repo fails before anything is downloaded
 (``check_source``), with one line naming it.
 """
 
@@ -39,10 +41,10 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
-from .anatomy import LLAVA, anatomy_of, family_of
+from .families.anatomy import LLAVA, anatomy_of, family_of
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: `--help` and argument checks run without it
     import torch
@@ -51,6 +53,8 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: `--help` a
 logger = logging.getLogger(__name__)
 
 TRUST_REMOTE_CODE_DEFAULT = None
+DEVICE_DEFAULT = "auto"  # the flag's: the first GPU found, else the CPU (load_model's ``device=None`` is its own)
+DTYPE_DEFAULT = "auto"  # as the checkpoint stores them: ``load_model``'s default (``parse_dtype`` reads it as None)
 
 QUANTIZATION_MODES = ("4bit", "8bit")
 # The LLaVA family's (stock LLaVA and this package's model): kept in floating point, by full module path, and the
@@ -346,8 +350,11 @@ def verify_quantization(model: nn.Module, mode: str | None) -> QuantizationRepor
 def register_local_model() -> None:
     """Make this package's model known to the Auto classes in this process (importing ``modeling_llava_normaligned``
     registers it), so that its checkpoints load with transformers' default ``trust_remote_code=None``: transformers
-    then prefers the installed classes and runs no code from the checkpoint."""
-    import modeling_llava_normaligned  # noqa: F401
+    then prefers the installed classes and runs no code from the checkpoint. The same holds for the stock models
+    ``align`` wrote (``normaligned_<model_type>``)."""
+    import modeling_llava_normaligned
+
+    modeling_llava_normaligned.register_aligned_auto_classes()
 
 
 def is_commit_hash(revision: str | None) -> bool:
@@ -498,33 +505,32 @@ def find_adapter(model_name_or_path: str, revision: str | None) -> dict | None:
     return adapter
 
 
-def _load_adapter(model_name_or_path: str, adapter: dict, revision: str | None, quantization: str | None, **kwargs):
-    """Load the adapter's base (quantized or not, checked), then the adapter on it. In full precision the adapter is
-    merged (plain model, full speed); on a 4/8-bit base it stays unmerged (QLoRA inference)."""
+def _load_adapter(options: LoadOptions, adapter: dict):
+    """Load the adapter's base (quantized or not, checked) with the adapter's ``options``, then the adapter on it. In
+    full precision the adapter is merged (plain model, full speed); on a 4/8-bit base it stays unmerged (QLoRA
+    inference)."""
     from transformers import AutoProcessor
 
     try:
         from peft import PeftModel
     except ImportError as error:
         raise ImportError(
-            f"{model_name_or_path!r} is a PEFT adapter; loading it needs peft: pip install 'llava-normaligned[peft]'"
+            f"{options.source!r} is a PEFT adapter; loading it needs peft: pip install 'llava-normaligned[peft]'"
         ) from error
 
-    base = adapter["base_model_name_or_path"]
-    model, base_processor, report = load_model(
-        base, revision=adapter.get("revision"), quantization=quantization, return_report=True, **kwargs
-    )
-    model = PeftModel.from_pretrained(model, model_name_or_path, revision=revision)
-    if report.mode is None and not kwargs.get("for_training"):
+    base = replace(options, source=adapter["base_model_name_or_path"], revision=adapter.get("revision"))
+    model, base_processor, report = base.load(return_report=True)
+    model = PeftModel.from_pretrained(model, options.source, revision=options.revision)
+    if report.mode is None and not options.for_training:
         model = model.merge_and_unload()
     try:
         processor = AutoProcessor.from_pretrained(
-            model_name_or_path, revision=revision, trust_remote_code=kwargs.get("trust_remote_code")
+            options.source, revision=options.revision, trust_remote_code=options.trust_remote_code
         )
     except (OSError, ValueError):  # an adapter saved without its processor: the base's is the same
         processor = base_processor
-    logger.info("applied adapter %s to %s%s", model_name_or_path, base, "" if report.mode is None else " (unmerged)")
-    return (model if kwargs.get("for_training") else model.eval()), processor, report
+    logger.info("applied adapter %s to %s%s", options.source, base.source, "" if report.mode is None else " (unmerged)")
+    return (model if options.for_training else model.eval()), processor, report
 
 
 def load_model(
@@ -533,7 +539,7 @@ def load_model(
     revision: str | None = None,
     quantization: str | None = None,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | str | None = None,
+    dtype: torch.dtype | str | None = DTYPE_DEFAULT,
     trust_remote_code: bool | None = TRUST_REMOTE_CODE_DEFAULT,
     attn_implementation: str | None = None,
     return_report: bool = False,
@@ -557,7 +563,7 @@ def load_model(
     A checkpoint that lacks weights the model needs is refused (they would be randomly initialised); only a
     norm-aligned checkpoint's projector norm may be missing (initialised to T/sqrt(D), with a warning). The model
     classes themselves load such a checkpoint as transformers does (initialised, reported): the refusal is here.
-    The processor is the family's (``diagnostics.family_inputs.load_processor``: AutoProcessor, or a builder that
+    The processor is the family's (``families.processors.load_processor``: AutoProcessor, or a builder that
     needs no torchvision).
     Raises ``SourceNotFound`` (a FileNotFoundError) for a name that is no folder and no reachable repo, ImportError
     without bitsandbytes, RuntimeError when the device cannot run the mode. Never falls back to full precision.
@@ -568,7 +574,7 @@ def load_model(
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from .diagnostics.family_inputs import load_processor  # AutoProcessor, or the family's own builder
+    from .families.processors import load_processor  # AutoProcessor, or the family's own builder
 
     dtype = parse_dtype(dtype)
     if quantization is not None:
@@ -576,9 +582,10 @@ def load_model(
     register_local_model()
     adapter = find_adapter(model_name_or_path, revision)
     if adapter is not None:  # its base, loaded with the same options, then the adapter on it
-        options = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code,
-                   "attn_implementation": attn_implementation, "for_training": for_training, "quant_type": quant_type}
-        model, processor, report = _load_adapter(model_name_or_path, adapter, revision, quantization, **options)
+        options = LoadOptions(model_name_or_path, revision=revision, quantization=quantization, quant_type=quant_type,
+                              device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                              attn_implementation=attn_implementation, for_training=for_training)
+        model, processor, report = _load_adapter(options, adapter)
         return (model, processor, report) if return_report else (model, processor)
 
     hub_kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
@@ -670,38 +677,135 @@ def _placement(
 # ----------------------------------------------------------------------------------------------------------- CLI
 
 
+def _check_dtype_name(dtype) -> None:
+    """``parse_dtype``'s check, without importing torch for a name (a torch dtype is checked when it is parsed)."""
+    if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype: unknown value {dtype!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}")
+    if dtype is not None and not isinstance(dtype, str):
+        parse_dtype(dtype)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What loading one model takes: the keywords of ``load_model``, built once (by a command from its flags,
+    ``from_args``; by ``train`` from its fields) and then only read. ``load()`` loads it.
+
+    ``source``: a folder or a Hub repo id; ``revision``: a Hub branch, tag or commit; ``quantization``: None,
+    ``"4bit"`` (``quant_type`` NF4 or FP4) or ``"8bit"``; ``device``: None (load_model's: the CPU in full precision,
+    the best device when quantized), ``"auto"`` (the best device) or a device; ``dtype``: of the unquantized
+    weights, ``"auto"`` (default: as stored) or one of ``DTYPE_NAMES``; ``trust_remote_code``: None (default:
+    transformers' own resolution), True (opt in) or False (refuse); ``attn_implementation``: None (transformers'
+    choice) or a name; ``for_training``: what training changes (see the module docstring). The values are checked
+    when the options are built (ValueError naming the option)."""
+
+    source: str
+    revision: str | None = None
+    quantization: str | None = None
+    quant_type: str = "nf4"
+    device: str | None = None
+    dtype: str | None = DTYPE_DEFAULT
+    trust_remote_code: bool | None = TRUST_REMOTE_CODE_DEFAULT
+    attn_implementation: str | None = None
+    for_training: bool = False
+
+    def __post_init__(self):
+        if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {self.quantization!r}")
+        if self.quant_type not in ("nf4", "fp4"):
+            raise ValueError(f"quant_type: expected 'nf4' or 'fp4', got {self.quant_type!r}")
+        if self.trust_remote_code not in (None, True, False):
+            raise ValueError(f"trust_remote_code: expected None, True or False, got {self.trust_remote_code!r}")
+        _check_dtype_name(self.dtype)
+        if isinstance(self.device, str) and self.device != "auto":
+            parse_device(self.device)  # the name only: whether this machine has it is known when loading
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, source: str | None = None, **overrides) -> LoadOptions:
+        """The options of ``add_load_flags``' flags (``source``: the model, default ``args.model``); a flag the
+        command does not have keeps its default. A bad value is ``console.BadInput`` naming the flag."""
+        from .console import BadInput
+
+        given = {name: getattr(args, name) for name in ("revision", "quantization", "device", "dtype",
+                                                          "trust_remote_code", "attn_implementation")
+                 if hasattr(args, name)}
+        try:
+            return cls(source=args.model if source is None else source, **{**given, **overrides})
+        except ValueError as error:  # "dtype: ...", "device: ...": the flag's name first
+            raise BadInput(f"--{error}") from None
+
+    def load_kwargs(self) -> dict:
+        """``load_model``'s keywords (all but the source)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+
+    def load(self, *, return_report: bool = False):
+        """``load_model(self.source, ...)``: ``(model, processor)``, and the ``QuantizationReport`` when asked."""
+        return load_model(self.source, return_report=return_report, **self.load_kwargs())
+
+
+TRUST_REMOTE_CODE_HELP = (
+    "run the checkpoint's own Python code (a model whose classes are not installed; not needed for this package's "
+    "models); review it first and pin --revision to a commit hash (default: neither flag, transformers' own "
+    "resolution: installed classes, no checkpoint code)")
+NO_TRUST_REMOTE_CODE_HELP = "refuse checkpoint code without asking"
+
+
+def dtype_help(default: str | None = None) -> str:
+    """The help of every ``--dtype`` that loads a model; ``default``: a command's own default, stated (``train``'s)."""
+    stated = "auto (default: as the checkpoint stores them)" if default is None else \
+        f"auto (as the checkpoint stores them), default: {default},"
+    return f"dtype of the unquantized weights: {stated} or one of {', '.join(sorted(DTYPE_NAMES))}"
+
+
 def add_trust_remote_code_flags(parser) -> None:
     """``--trust-remote-code`` (opt in) and ``--no-trust-remote-code`` (refuse without asking); neither: None,
-    transformers' own resolution (installed classes first, which covers this package's model and stock LLaVA)."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--trust-remote-code",
-        dest="trust_remote_code",
-        action="store_const",
-        const=True,
-        default=None,
-        help="run the checkpoint's own Python code (a model whose classes are not installed); review it first and "
-        "pin --revision to a commit hash. Not needed for this package's models.",
-    )
-    group.add_argument(
-        "--no-trust-remote-code",
-        dest="trust_remote_code",
-        action="store_const",
-        const=False,
-        help="refuse checkpoint code without asking",
-    )
+    transformers' own resolution (installed classes first, which covers this package's model and stock LLaVA). The one
+    definition of the pair: ``add_load_flags`` adds it, and ``compose``/``convert``, which load parts, not a model."""
+    trust = parser.add_mutually_exclusive_group()
+    trust.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True,
+                       default=TRUST_REMOTE_CODE_DEFAULT, help=TRUST_REMOTE_CODE_HELP)
+    trust.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_const", const=False,
+                       help=NO_TRUST_REMOTE_CODE_HELP)
 
 
+def add_load_flags(parser, *, quantization: bool = True, attn_implementation: bool = True,
+                   model: str = "MODEL"):
+    """The one set of loading flags of every command that loads a model (``generate``, ``diagnose``, ``eval``), in a
+    "loading" group, which is returned (a command adds its own loading flags to it); ``LoadOptions.from_args``
+    reads them. ``--revision``, ``--device`` (default auto), ``--dtype`` (default auto: as stored),
+    ``--trust-remote-code`` / ``--no-trust-remote-code`` (neither: transformers' own resolution), and unless turned
+    off here ``--load-in-4bit`` / ``--load-in-8bit`` and ``--attn-implementation``."""
+    group = parser.add_argument_group("loading")
+    group.add_argument("--revision", default=None,
+                       help=f"branch, tag or commit of {model} on the Hub (default: main)")
+    group.add_argument("--device", default=DEVICE_DEFAULT,
+                       help="auto (default: the first GPU found, else cpu), cpu, cuda, cuda:N, mps or xpu")
+    group.add_argument("--dtype", default=DTYPE_DEFAULT, help=dtype_help())
+    add_trust_remote_code_flags(group)
+    if quantization:
+        quant = group.add_mutually_exclusive_group()
+        quant.add_argument("--load-in-4bit", dest="quantization", action="store_const", const="4bit", default=None,
+                           help="NF4 + double quantization of the LLM's linear layers (bitsandbytes; default: full "
+                           "precision)")
+        quant.add_argument("--load-in-8bit", dest="quantization", action="store_const", const="8bit",
+                           help="LLM.int8 of the LLM's linear layers (bitsandbytes)")
+    if attn_implementation:
+        group.add_argument("--attn-implementation", default=None,
+                           help="e.g. sdpa, eager, flash_attention_2 (default: transformers' choice)")
+    return group
 
 
 __all__ = [
+    "DEVICE_DEFAULT",
+    "DTYPE_DEFAULT",
     "DTYPE_NAMES",
     "KEEP_UNQUANTIZED",
     "QUANTIZATION_MODES",
     "QUANTIZED_ROOT",
     "TRUST_REMOTE_CODE_DEFAULT",
+    "LoadOptions",
     "QuantizationReport",
     "SourceNotFound",
+    "add_load_flags",
     "add_trust_remote_code_flags",
     "check_source",
     "compute_dtype_for",

@@ -15,6 +15,8 @@ from .modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
 # The files that make up the remote code of a checkpoint.
 REMOTE_CODE_FILES = ("configuration_llava_normaligned.py", "modeling_llava_normaligned.py")
+# ... and of a stock VLM with the aligned norm (``llava-normaligned align``): these two plus the two above.
+ALIGNED_REMOTE_CODE_FILES = ("configuration_normaligned_vlm.py", "modeling_normaligned_vlm.py", *REMOTE_CODE_FILES)
 
 
 def register_auto_classes() -> None:
@@ -31,5 +33,23 @@ def register_auto_classes() -> None:
 
 register_auto_classes()
 
-__all__ = ["AUTO_MAP", "REMOTE_CODE_FILES", "LlavaNormAlignedConfig", "register_auto_classes"]
+
+def register_aligned_auto_classes() -> None:
+    """Register the aligned stock models (``normaligned_<model_type>``, written by ``llava-normaligned align``) with
+    ``AutoConfig`` and ``AutoModelForImageTextToText`` in this process (idempotent): such a folder then loads here
+    with the installed classes, as this package's own model does. Called by the package's loader, not at import
+    (it imports every supported family's modeling module)."""
+    from .modeling_normaligned_vlm import register_model_classes
+
+    register_model_classes()
+
+
+__all__ = [
+    "ALIGNED_REMOTE_CODE_FILES",
+    "AUTO_MAP",
+    "REMOTE_CODE_FILES",
+    "LlavaNormAlignedConfig",
+    "register_aligned_auto_classes",
+    "register_auto_classes",
+]
 __all__ += _modeling.__all__

@@ -183,14 +183,28 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
 
     def __init__(self, config: LlavaNormAlignedConfig):
         super().__init__(config)
-        if config.projector_norm == "layernorm":
-            self.norm = NormAlignedLayerNorm(
-                config.text_config.hidden_size,
-                compensation=config.gradient_compensation,
-                compensation_min=config.gradient_compensation_min,
-            )
-        else:  # paper "w/o Norm": exactly the stock projector
-            self.norm = None
+        # Kept for ``reset_norm``; not named ``config``, which transformers reads on submodules as their own config.
+        self._norm_config = config
+        self.norm = _new_norm(config)  # its values: the model's ``_init_weights``, or the checkpoint's
+
+    @torch.no_grad()
+    def reset_norm(self, config: LlavaNormAlignedConfig | None = None) -> NormAlignedLayerNorm | None:
+        """(Re)build and initialise the projector norm from ``config`` (default: the model's config this projector
+        was built with, as it reads now): the one way to change the norm after the model is built.
+
+        ``projector_norm`` None: no norm (the paper's "w/o Norm", exactly the stock projector). ``"layernorm"``: a new
+        ``NormAlignedLayerNorm`` with GWC per ``gradient_compensation`` / ``gradient_compensation_min``, gain
+        T / sqrt(D) (``norm_init`` "target", paper §5.1; needs ``norm_target``) or 1 ("default", paper Table 5), bias
+        0, on the device and in the dtype of the projector's own weights. Returns the new norm (or None).
+        """
+        config = self._norm_config if config is None else config
+        norm = _new_norm(config)
+        if norm is not None:
+            reference = self.linear_1.weight
+            norm = norm.to(device=reference.device, dtype=reference.dtype)
+            _fill_norm(norm, config)
+        self.norm = norm
+        return norm
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:  # (B, N, D_vision) -> (B, N, D_text)
         hidden_states = super().forward(image_features)
@@ -199,8 +213,26 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
         return hidden_states
 
 
+def _new_norm(config: LlavaNormAlignedConfig) -> NormAlignedLayerNorm | None:
+    """The projector norm ``config`` asks for, its values not set yet; None for the "w/o Norm" variant."""
+    if config.projector_norm is None:  # paper "w/o Norm": exactly the stock projector
+        return None
+    return NormAlignedLayerNorm(
+        config.text_config.hidden_size,
+        compensation=config.gradient_compensation,
+        compensation_min=config.gradient_compensation_min,
+    )
+
+
+@torch.no_grad()
+def _fill_norm(norm: NormAlignedLayerNorm, config: LlavaNormAlignedConfig) -> None:
+    """Gain ``norm_gain_init(config)`` (T / sqrt(D) or 1), bias 0, whatever the norm held (paper §5.1)."""
+    norm.weight.fill_(norm_gain_init(config))
+    norm.bias.zero_()
+
+
 # Where the norm sits, relative to the base model. This file cannot import the package's anatomy module
-# (llava_normaligned/anatomy.py, which describes the same path for every command), so it keeps its own.
+# (llava_normaligned/families/anatomy.py, which describes the same path for every command), so it keeps its own.
 PROJECTOR_NORM_PATH = "multi_modal_projector.norm"
 
 
@@ -307,8 +339,7 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
         if self.get_input_embeddings().weight.device.type == "meta":
             return
         self.config.norm_target = model_norm_target(self)
-        norm.weight.fill_(norm_gain_init(self.config))
-        norm.bias.zero_()
+        _fill_norm(norm, self.config)
 
     def get_projector_norm(self) -> NormAlignedLayerNorm | None:
         """The projector's aligned LayerNorm; None for the "w/o Norm" variant (or while the base is not built)."""

@@ -152,7 +152,8 @@ LAYOUT = {
 
 def to_dataset(rows: list[dict]):
     """A datasets.Dataset with PIL columns typed as Image(), as the Hub copies are."""
-    from datasets import Dataset, Image as ImageFeature
+    from datasets import Dataset
+    from datasets import Image as ImageFeature
 
     dataset = Dataset.from_list(rows)
     if "image" in dataset.column_names:

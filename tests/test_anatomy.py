@@ -8,14 +8,14 @@ import re
 import pytest
 from torch import nn
 
-from llava_normaligned.anatomy import (
+from llava_normaligned.compose import stock_llava_like
+from llava_normaligned.families.anatomy import (
     LLAVA,
     AnatomyError,
     anatomy_of,
     family_of,
     part_of,
 )
-from llava_normaligned.compose import stock_llava_like
 
 
 def test_parts_of_the_norm_aligned_and_the_stock_model(tiny_model):

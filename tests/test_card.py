@@ -28,7 +28,7 @@ from llava_normaligned.hub_cards.card import (
 )
 from safetensors.torch import load_file, save_file
 
-from llava_normaligned.inference import KEEP_UNQUANTIZED
+from llava_normaligned.loading import KEEP_UNQUANTIZED
 from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, text_embedding_norm_target
 
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -1,15 +1,19 @@
 """The model card's norm-tracking section for a checkpoint trained with GWC: what GWC did to that run's optimizer step
-(the numbers of its ``norm_tracking.json``) and the CPU demo's measured finding (``assets/demo_gwc.json``), both from
-data, not prose constants."""
+(the numbers of its ``norm_tracking.json``), and, for the demo's checkpoint only, the CPU demo's measured finding
+(``assets/demo_gwc.json``, which the demo writes into its folder's ``card_notes.json``), both from data, not prose
+constants. Publishing does not import the demo: a card states what its folder carries."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
+from llava_normaligned.hub_cards.card import CARD_NOTES, render_card, write_card_notes
+
 from llava_normaligned.demo import report
-from llava_normaligned.hub_cards.card import render_card
 
 # step 0 is the before-training record; steps 10 and 20 are logged optimizer steps (their numbers chosen by hand)
 RECORDS = [
@@ -73,7 +77,24 @@ def test_the_card_reports_the_run_s_optimizer_step_from_its_norm_tracking(gwc_fo
     assert rows["GWC factor 1/clamp(mean \\|g\\|)"] == ("44", "43")
 
 
-def test_the_card_states_the_demo_finding_from_its_record(gwc_folder, demo_asset):
+def test_a_checkpoint_s_card_does_not_carry_the_demo_s_finding(gwc_folder, demo_asset):
+    """Any GWC checkpoint (a 3B model's as well) other than the demo's: its own numbers, not the demo's finding."""
+    card = str(render_card(gwc_folder))
+    assert "pre-clip gradient norm, total" in card  # its own run's section is there
+    assert "In the package's CPU demo" not in card and report.gwc_finding_text(FINDING) not in card
+    assert not (gwc_folder / CARD_NOTES).exists()
+
+
+def test_publishing_does_not_import_the_demo(gwc_folder):
+    probe = ("import sys; from llava_normaligned.hub_cards import card, push; "
+             f"card.render_card({str(gwc_folder)!r}); "
+             "print(sorted(m for m in sys.modules if m.startswith('llava_normaligned.demo')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_demo_s_card_states_the_demo_finding_from_its_record(gwc_folder, demo_asset):
+    report.write_gwc_note(str(gwc_folder))  # what the demo does to its best_model/ before rendering its card
     card = str(render_card(gwc_folder))
     assert report.gwc_finding_text(FINDING) in card
     assert "3 seeds, 4-layer LLM, 60 + 150 steps" in card
@@ -82,6 +103,7 @@ def test_the_card_states_the_demo_finding_from_its_record(gwc_folder, demo_asset
     # another record, another text: nothing of it is written into the card's code
     changed = dict(FINDING, grad_norm={"gwc": 12.25, "no_gwc": 6.5})
     demo_asset.write_text(json.dumps({"command": "llava-normaligned demo --output-dir demo_out", "finding": changed}))
+    report.write_gwc_note(str(gwc_folder))
     card = str(render_card(gwc_folder))
     assert "averaged 12.25 against 6.50 without GWC" in card and "39.50" not in card
 
@@ -97,13 +119,25 @@ def test_no_gwc_section_without_gwc_or_without_optimizer_records(gwc_folder, dem
 
 def test_without_the_demo_record_the_run_s_numbers_still_stand(gwc_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(report, "GWC_ASSET", str(tmp_path / "missing.json"))
+    assert report.write_gwc_note(str(gwc_folder)) is None
     card = str(render_card(gwc_folder))
     assert "pre-clip gradient norm, total" in card and "In the package's CPU demo" not in card
+
+
+def test_a_note_shows_only_under_the_gwc_section_and_bad_notes_are_refused(gwc_folder):
+    write_card_notes(gwc_folder, {"gwc": "A note from whoever wrote this folder."})
+    assert "A note from whoever wrote this folder." in str(render_card(gwc_folder))
+    config = json.loads((gwc_folder / "config.json").read_text())
+    (gwc_folder / "config.json").write_text(json.dumps(dict(config, gradient_compensation=False)))
+    assert "A note from whoever wrote this folder." not in str(render_card(gwc_folder))  # no GWC section, no note
+    with pytest.raises(ValueError, match="unknown section.*gwcc"):
+        write_card_notes(gwc_folder, {"gwcc": "typo"})
+    (gwc_folder / CARD_NOTES).write_text(json.dumps({"gwc": 3}))
+    with pytest.raises(ValueError, match="Markdown strings"):
+        render_card(gwc_folder)
 
 
 def test_the_shipped_demo_record_is_what_the_card_states():
     asset = report.read_gwc_asset()
     assert asset is not None and asset["finding"]["grad_norm"]["gwc"] > 0
-    from llava_normaligned.hub_cards.card import demo_gwc_text
-
-    assert report.gwc_finding_text(asset["finding"]) in demo_gwc_text()
+    assert report.gwc_finding_text(asset["finding"]) in report.demo_gwc_text()

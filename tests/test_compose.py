@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from isolation import run_isolated
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import (
@@ -23,11 +24,14 @@ from transformers import (
     SiglipModel,
 )
 
-from isolation import run_isolated
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.compose import compose, convert_from_llava, input_embedding_weight, save, stock_llava_like
 from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, save_tiny_parts
-from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, model_norm_target, text_embedding_norm_target
+from modeling_llava_normaligned import (
+    LlavaNormAlignedForConditionalGeneration,
+    model_norm_target,
+    text_embedding_norm_target,
+)
 
 
 def _inputs(processor, n_images=1, question="what colour is the shape"):
@@ -138,6 +142,19 @@ def test_compose_ablation_options(tiny_parts):
     model, _ = compose(*tiny_parts, norm_init="default", gradient_compensation=False)
     norm = model.model.multi_modal_projector.norm
     assert torch.equal(norm.weight, torch.ones_like(norm.weight)) and norm.compensation is False
+    from llava_normaligned.norm_variant import NormVariant
+
+    # a NormVariant, and options by name over it; the projector MLP is the same draw whatever the norm
+    model, _ = compose(*tiny_parts, norm_variant=NormVariant(gradient_compensation=False), gradient_compensation_min=0.1)
+    assert NormVariant.from_config(model.config) == NormVariant(gradient_compensation=False, gradient_compensation_min=0.1)
+    assert model.model.multi_modal_projector.norm.compensation_min == 0.1
+    paper, _ = compose(*tiny_parts)
+    T, D = paper.config.norm_target, paper.config.text_config.hidden_size
+    norm = paper.model.multi_modal_projector.norm
+    assert torch.equal(norm.weight, torch.full_like(norm.weight, T / D ** 0.5)) and not norm.bias.any()
+    assert torch.equal(paper.model.multi_modal_projector.linear_1.weight, model.model.multi_modal_projector.linear_1.weight)
+    with pytest.raises(ValueError, match="norm_init must be one of"):
+        compose(*tiny_parts, norm_init="zeros")
 
 
 def test_compose_text_model_without_usable_embeddings(tiny_parts, tmp_path):
@@ -267,6 +284,31 @@ def test_convert_from_stock_llava(stock_llava_dir, layout, tmp_path):
     reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "cli")
     with torch.no_grad():
         assert torch.equal(reloaded(**inputs).logits, model(**inputs).logits)
+
+
+def test_convert_carries_every_norm_option(stock_llava_dir, tmp_path):
+    """Each of the four options reaches the converted model: by flag (``convert``), by ``NormVariant`` and by name."""
+    from llava_normaligned.norm_variant import NormVariant
+
+    folder, stock = stock_llava_dir
+    out = tmp_path / "cli"
+    assert cli_main(["convert", "--from-llava", str(folder), "--output-dir", str(out), "--norm-init", "default",
+                     "--no-gradient-compensation", "--gradient-compensation-min", "0.02"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert NormVariant.from_config(config) == NormVariant("layernorm", "default", False, 0.02)
+    norm = AutoModelForImageTextToText.from_pretrained(out).model.multi_modal_projector.norm
+    assert norm.compensation_min == 0.02 and not norm.compensation and torch.equal(norm.weight, torch.ones_like(
+        norm.weight))
+    variant = NormVariant(gradient_compensation_min=0.5)
+    for model, _ in (convert_from_llava(str(folder), norm_variant=variant),
+                     convert_from_llava(str(folder), gradient_compensation_min=0.5)):
+        norm = model.model.multi_modal_projector.norm
+        assert model.config.gradient_compensation_min == 0.5 and norm.compensation_min == 0.5 and norm.compensation
+        assert norm.weight.dtype == stock.dtype
+    with pytest.raises(ValueError, match="gradient_compensation_min must be"):
+        convert_from_llava(str(folder), gradient_compensation_min=0)
+    with pytest.raises(ValueError, match="not a projector-norm option: norm_gain"):
+        convert_from_llava(str(folder), norm_gain=2.0)
 
 
 def test_convert_refuses_a_checkpoint_missing_weights(stock_llava_dir):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,9 +42,13 @@ def _env(capability: str) -> dict[str, str]:
 @functools.cache
 def _effective(capability: str) -> str:
     """The kernel set torch really uses when ``capability`` is asked for (it falls back when the CPU lacks it)."""
-    code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    # some virtual machines report an instruction set to torch that the CPU then refuses (SIGILL): run a few kernels
+    code = ("import torch; x = torch.randn(64, 64); (x @ x).softmax(-1).sum().item(); "
+            "torch.nn.functional.layer_norm(x, (64,)).exp().sum().item(); print(torch.backends.cpu.get_cpu_capability())")
     run = subprocess.run([sys.executable, "-c", code], env=_env(capability), capture_output=True, text=True,
                          timeout=120)
+    if run.returncode == -signal.SIGILL:
+        return "refused by the CPU (illegal instruction)"
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout.strip().splitlines()[-1]
 

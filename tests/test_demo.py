@@ -13,11 +13,12 @@ import os
 import re
 
 import pytest
+from PIL import Image
+
 from llava_normaligned.demo import synthetic
+from llava_normaligned.demo.parts import EXTRA_VARIANTS, VARIANTS
 from llava_normaligned.demo.report import FIGURES_DIR
 from llava_normaligned.demo.run import torch_threads
-from llava_normaligned.demo.parts import EXTRA_VARIANTS, VARIANTS
-from PIL import Image
 
 TEMPLATES = {t.name for t in synthetic.TEMPLATES}
 
@@ -100,8 +101,9 @@ def test_per_part_clipping_s_total_is_explained(quick_demo, results):
     """With per-part clipping the Trainer's total is taken after the parts were clipped, so it is below the parts:
     results.md says so and gives the total before (the parts' root sum of squares, which is the Trainer's total
     where nothing clips per part)."""
+    from llava_normaligned.hub_cards.card import parts_total
+
     from llava_normaligned.demo.report import per_part_clip_note
-    from llava_normaligned.demo.stats import parts_total
 
     rows = {r["key"]: r for r in results["rows"]}
     part_clip = rows["norm_target_init_gwc_part_clip"]
@@ -290,6 +292,12 @@ def test_best_model_folder_loads_and_answers(quick_demo, results):
     assert "selected by its accuracy on this same test split" in card  # the card says how the model was picked
     assert json.loads((folder / "eval" / "results.json").read_text())["selected_by"] == results["best"]["criterion"]
     assert "eval/figures/accuracy.png" in card  # the demo's results, embedded with working links
+    # the demo's GWC finding travels in the folder (card_notes.json), so `push` renders the same card; it is stated
+    # under the run's own GWC numbers, which a checkpoint trained without GWC has not
+    from llava_normaligned.demo.report import demo_gwc_text
+
+    assert json.loads((folder / "card_notes.json").read_text()) == {"gwc": demo_gwc_text()}
+    assert ("In the package's CPU demo" in card) == bool(config["gradient_compensation"]), config
 
 
 def test_best_model_holds_the_best_seed_of_the_best_row(quick_demo, results):
@@ -367,7 +375,6 @@ def test_a_used_folder_is_refused_and_left_alone(tmp_path, capsys):
 
 def test_vision_pretraining_makes_the_encoder_read_every_cell():
     from llava_normaligned.demo.vision_pretrain import VisionPretrainConfig, pretrain_vision
-
     from llava_normaligned.tiny import TinyVisionSpec
 
     spec = TinyVisionSpec(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
@@ -383,7 +390,6 @@ def test_vision_pretraining_makes_the_encoder_read_every_cell():
 def test_text_pretraining_lowers_the_lm_loss():
     from llava_normaligned.demo.parts import EXTRA_WORDS
     from llava_normaligned.demo.text_pretrain import TextPretrainConfig, conversations, pretrain_text
-
     from llava_normaligned.tiny import TinyTextSpec, tiny_text_model, train_tokenizer
 
     tokenizer = train_tokenizer(words=list(synthetic.VOCABULARY) + list(EXTRA_WORDS), vocab_size=1024,
@@ -406,8 +412,9 @@ def test_the_demo_is_its_own_package_and_training_does_not_use_it():
     import ast
     from pathlib import Path
 
-    import llava_normaligned.demo as demo
     import llava_normaligned.trainer as trainer
+
+    import llava_normaligned.demo as demo
 
     assert {p.stem for p in Path(demo.__file__).parent.glob("*.py")} >= {
         "run", "parts", "report", "scoring", "synthetic", "text_pretrain", "vision_pretrain"}

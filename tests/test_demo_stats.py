@@ -1,10 +1,13 @@
-"""The demo's multi-seed arithmetic (``llava_normaligned.demo.stats``) against hand computations."""
+"""The demo's multi-seed arithmetic (``llava_normaligned.demo.stats``) against hand computations, and its t quantile
+(scipy's) against the values the package's own implementation (bisection on the regularised incomplete beta
+function) gave before scipy replaced it."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+
 from llava_normaligned.demo.stats import mean_interval, paired_difference, t_quantile
 
 
@@ -12,6 +15,35 @@ from llava_normaligned.demo.stats import mean_interval, paired_difference, t_qua
 def test_t_quantile_matches_the_printed_table(df, table):
     assert t_quantile(0.975, df) == pytest.approx(table, abs=1e-4)
     assert t_quantile(0.025, df) == pytest.approx(-table, abs=1e-4)
+
+
+# (df, p, t_quantile) as the package's former bisection computed them, to 1e-12 relative
+FORMER = [
+    (1, 0.975, 12.706204736172367), (2, 0.975, 4.302652729749752), (3, 0.975, 3.1824463052844294),
+    (4, 0.975, 2.776445105198036), (9, 0.975, 2.2621571627978483), (30, 0.975, 2.042272456300452),
+    (2, 0.995, 9.924843200915348), (4, 0.9, 1.533206274058557), (7, 0.6, 0.2631668613516922),
+]
+
+
+@pytest.mark.parametrize("df, p, former", FORMER)
+def test_t_quantile_equals_the_former_implementation(df, p, former):
+    assert abs(t_quantile(p, df) - former) < 1e-10
+    assert abs(t_quantile(1.0 - p, df) + former) < 1e-10
+
+
+def test_intervals_equal_the_former_implementation():
+    assert abs(mean_interval([0.8, 0.9, 1.0]).half_width - 0.24841377117504973) < 1e-10
+    assert abs(mean_interval([0.61, 0.64, 0.58, 0.7, 0.66]).half_width - 0.05717050381974545) < 1e-10
+    assert abs(mean_interval([0.3, 0.5]).half_width - 1.2706204736172368) < 1e-10
+    assert abs(mean_interval([0.8, 0.9, 1.0], level=0.99).half_width - 0.5730110893713302) < 1e-10
+
+
+def test_t_quantile_refuses_what_has_no_quantile():
+    for p in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match="p must be in"):
+            t_quantile(p, 3)
+    with pytest.raises(ValueError, match="df must be positive"):
+        t_quantile(0.9, 0)
 
 
 def test_mean_interval_by_hand():

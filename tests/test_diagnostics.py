@@ -11,7 +11,7 @@ import pytest
 import torch
 from numerics import kl_resolution
 
-from llava_normaligned.diagnostics import DiagnoseConfig, DiagnosticsError, main
+from llava_normaligned.diagnostics import DiagnoseConfig, main
 from llava_normaligned.diagnostics.default_inputs import (
     SCENES,
     default_images_dir,
@@ -19,9 +19,10 @@ from llava_normaligned.diagnostics.default_inputs import (
     draw_scene,
 )
 from llava_normaligned.diagnostics.inputs import list_images, load_prompts, pair_samples
-from llava_normaligned.diagnostics.probe_points import locate
 from llava_normaligned.diagnostics.runner import probe_model
 from llava_normaligned.diagnostics.theory import compare_rotation, tan_theta_eff, theta_eff
+from llava_normaligned.families.anatomy import AnatomyError
+from llava_normaligned.families.probe_points import locate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -77,7 +78,7 @@ def test_text_embedding_statistics_equal_a_direct_computation(tiny_model, tiny_p
 def test_scaling_the_projector_output_by_k_scales_vision_norm_and_ratio_by_k(
     variant, tiny_model_dir, stock_model_dir
 ):
-    from llava_normaligned.inference import load_model
+    from llava_normaligned.loading import load_model
 
     model, processor = load_model(stock_model_dir if variant == "stock" else tiny_model_dir)
     before = _probe(model, processor)
@@ -227,7 +228,7 @@ def test_batched_probes_equal_plain_forward_passes_of_each_sample(cli_run, tiny_
     """The run's first-token KLs (the cached KV-substitution steps, the ablation passes), its text-token trajectory
     and its template group, recomputed with plain forward passes of each sample alone: left padding, position ids,
     cache steps, hooks and token masks all have to be right for these to agree."""
-    from llava_normaligned.inference import load_model
+    from llava_normaligned.loading import load_model
 
     _, doc = cli_run
     model, processor = load_model(tiny_model_dir, device="cpu")
@@ -265,7 +266,7 @@ def test_alpha_sweep_equals_a_model_whose_projector_output_is_scaled(tiny_model_
     the same inside the model. The sweep's KL, rank and agreement must equal those measured on that second model."""
     import copy
 
-    from llava_normaligned.inference import load_model
+    from llava_normaligned.loading import load_model
 
     model, processor = load_model(tiny_model_dir, device="cpu")
     alpha, samples = 0.05, _samples(3)
@@ -414,7 +415,7 @@ def test_a_model_it_cannot_probe_is_a_clear_error(tiny_parts, tiny_model, tmp_pa
     assert rc == 2
     assert "not a vision-language model" in capsys.readouterr().err
     del tiny_model.model.multi_modal_projector
-    with pytest.raises(DiagnosticsError, match=r"no model\.multi_modal_projector"):
+    with pytest.raises(AnatomyError, match=r"no model\.multi_modal_projector"):
         locate(tiny_model, "tiny")
 
 

@@ -296,7 +296,7 @@ def test_estimate_memory_reads_every_transformers_family_s_default_config(name, 
     Qwen2-VL's patch 14 x merge 2 on a 768 px image: 27^2 = 729; PaliGemma's num_image_tokens 256."""
     import transformers
 
-    from llava_normaligned.diagnostics.memory import image_tokens
+    from llava_normaligned.families.sizes import image_tokens
 
     config = getattr(transformers, name)()
     assert image_tokens(config) == tokens
@@ -421,7 +421,7 @@ def test_diagnose_never_decodes_a_placeholder(rigged_dir, tmp_path):
 
 
 def test_generate_never_decodes_a_placeholder(rigged_dir, image_file, generated, capsys):
-    from llava_normaligned.inference import main as generate_main
+    from llava_normaligned.serving.generate import main as generate_main
 
     assert generate_main([rigged_dir, "--image", image_file, "--prompt", "what is it?", "--max-new-tokens", "4",
                           "--device", "cpu"]) == 0
@@ -430,6 +430,7 @@ def test_generate_never_decodes_a_placeholder(rigged_dir, image_file, generated,
 
 def test_eval_never_decodes_a_placeholder(rigged_dir, generated, tmp_path):
     import eval_fixtures
+
     from llava_normaligned.evaluation.cli import main as eval_main
 
     data = eval_fixtures.write_all(str(tmp_path / "bench"))

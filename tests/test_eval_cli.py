@@ -9,9 +9,9 @@ import json
 import os
 import shutil
 
+import eval_fixtures
 import pytest
 
-import eval_fixtures
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.evaluation.cli import main
 

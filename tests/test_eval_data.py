@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 
+import eval_fixtures
 import pytest
 
 from llava_normaligned.demo.synthetic import TEMPLATES as SYNTHETIC_TEMPLATES
-
-import eval_fixtures
-from llava_normaligned.evaluation.data import EvalDataError, load_split
 from llava_normaligned.evaluation.batches import build_requests
+from llava_normaligned.evaluation.data import EvalDataError, load_split
 from llava_normaligned.evaluation.tasks import TASKS
 
 

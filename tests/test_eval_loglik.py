@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import math
 
+import eval_fixtures
 import pytest
 import torch
 from torch import nn
 
+from llava_normaligned.evaluation.batches import SampleSink
 from llava_normaligned.evaluation.data import LoadedSplit
 from llava_normaligned.evaluation.loglik import (
     context_length,
-    continuation_logprobs,
     encode_pair,
     run_loglik,
+    score_pairs,
     score_requests,
 )
 from llava_normaligned.evaluation.prompts import hellaswag_request, mmlu_request
-from llava_normaligned.evaluation.batches import SampleSink
 from llava_normaligned.evaluation.tasks import TASKS
-
-import eval_fixtures
 
 
 def constant_head(model, bias: torch.Tensor) -> None:
@@ -94,7 +93,7 @@ def test_batched_left_padded_scores_equal_unpadded_forward(tiny_model, tiny_proc
         encode_pair(tokenizer, "How many", " shapes are there in the picture ?"),
         encode_pair(tokenizer, "one two three four five six seven eight nine", " ten"),
     ]
-    batched = continuation_logprobs(tiny_model, tokenizer, pairs)
+    batched = [ll for ll, _ in score_pairs(tiny_model, tokenizer, pairs, batch_size=len(pairs))]  # one batch
     for (ctx, cont), value in zip(pairs, batched):
         ids = torch.tensor([ctx + cont])
         with torch.no_grad():

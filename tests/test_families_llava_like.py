@@ -310,9 +310,9 @@ def odd_images(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_the_vision_norm_at_the_llm_input_is_what_the_language_model_receives(name, family_dirs, odd_images):
-    from llava_normaligned.anatomy import family_of
-    from llava_normaligned.diagnostics.family_inputs import batches_for
+    from llava_normaligned.diagnostics.family_batches import batches_for
     from llava_normaligned.diagnostics.runner import probe_model
+    from llava_normaligned.families.anatomy import family_of
 
     model, processor = _load(family_dirs[name])
     assert family_of(model.config).name == name
@@ -372,7 +372,7 @@ def test_the_cli_diagnoses_each_family_folder(name, family_dirs, tmp_path, capsy
 def test_the_processors_that_need_torchvision_are_built_without_it(family_dirs):
     from transformers import AutoConfig, AutoProcessor
 
-    from llava_normaligned.diagnostics.family_inputs import load_processor
+    from llava_normaligned.families.processors import load_processor
 
     for name in sorted(NEEDS_OFFLINE_PROCESSOR):
         try:
@@ -387,7 +387,7 @@ def test_the_processors_that_need_torchvision_are_built_without_it(family_dirs):
 
 
 def _one_batch(name, family_dirs):
-    from llava_normaligned.diagnostics.family_inputs import batches_for
+    from llava_normaligned.diagnostics.family_batches import batches_for
 
     model, processor = _load(family_dirs[name])
     return model, processor, batches_for(model.config)(processor, model.config, _samples(1), 1, 2)[0]
@@ -464,8 +464,8 @@ def test_ovis2_visual_token_distribution_rq4(family_dirs):
 def test_a_family_that_cannot_be_probed_gets_one_line(family_dirs, tmp_path, capsys):
     import shutil
 
-    from llava_normaligned.diagnostics import DiagnosticsError
-    from llava_normaligned.diagnostics.probe_points import locate
+    from llava_normaligned.families.anatomy import AnatomyError
+    from llava_normaligned.families.probe_points import locate
 
     broken = str(tmp_path / "mistral3-without-image-processor")
     shutil.copytree(family_dirs["mistral3"], broken)
@@ -480,7 +480,7 @@ def test_a_family_that_cannot_be_probed_gets_one_line(family_dirs, tmp_path, cap
     assert not (tmp_path / "out").exists()
     model, _ = _load(family_dirs["internvl"])
     del model.model.multi_modal_projector
-    with pytest.raises(DiagnosticsError, match=r"no model\.multi_modal_projector") as caught:
+    with pytest.raises(AnatomyError, match=r"no model\.multi_modal_projector") as caught:
         locate(model, "internvl")
     assert "\n" not in str(caught.value)
 
@@ -492,7 +492,7 @@ def test_each_family_entry_names_the_models_real_modules(name, family_dirs):
 
     from transformers import AutoModelForImageTextToText
 
-    from llava_normaligned.anatomy import anatomy_of
+    from llava_normaligned.families.anatomy import anatomy_of
 
     model = AutoModelForImageTextToText.from_pretrained(family_dirs[name])
     anatomy = anatomy_of(model, require_image_token=True)
@@ -514,7 +514,7 @@ def test_each_family_entry_names_the_models_real_modules(name, family_dirs):
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_the_text_tokens_are_the_prompt_whatever_the_family_writes_around_the_image(name, family_dirs):
-    from llava_normaligned.diagnostics.family_inputs import batches_for
+    from llava_normaligned.diagnostics.family_batches import batches_for
 
     model, processor = _load(family_dirs[name])
     (batch,) = batches_for(model.config)(processor, model.config, _samples(2), 2, 2)
@@ -537,7 +537,7 @@ PLACEHOLDERS = {  # family -> the tokens its processor writes around (or as) the
 
 @pytest.mark.parametrize("name", sorted(PLACEHOLDERS))
 def test_decoding_never_emits_a_familys_placeholder_tokens(family_dirs, name):
-    from llava_normaligned.anatomy import family_of
+    from llava_normaligned.families.anatomy import family_of
     from llava_normaligned.generation import placeholder_token_ids
 
     model, processor = _load(family_dirs[name])

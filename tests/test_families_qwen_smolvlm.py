@@ -17,13 +17,13 @@ from PIL import Image
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from llava_normaligned.anatomy import family_of
-from llava_normaligned.diagnostics import DiagnoseConfig, DiagnosticsError, main, passes
+from llava_normaligned.diagnostics import DiagnoseConfig, main, passes
 from llava_normaligned.diagnostics.default_inputs import default_images_dir, default_prompts_file
-from llava_normaligned.diagnostics.family_inputs import ExpandingProcessor, load_processor
 from llava_normaligned.diagnostics.inputs import format_prompt, list_images, load_prompts, make_batches, pair_samples
-from llava_normaligned.diagnostics.probe_points import locate
 from llava_normaligned.diagnostics.runner import probe_model
+from llava_normaligned.families.anatomy import AnatomyError, family_of
+from llava_normaligned.families.probe_points import locate
+from llava_normaligned.families.processors import ExpandingProcessor, load_processor
 from llava_normaligned.loading import load_model
 from llava_normaligned.tiny import DEFAULT_CORPUS_WORDS
 
@@ -61,6 +61,23 @@ def _tokenizer(special: list[str], image_token: str, template: str, eos: str) ->
                                    extra_special_tokens={"image_token": image_token}, chat_template=template,
                                    padding_side="left")
 
+
+
+def save_family(family: str, out: str) -> str:
+    """A tiny ``family`` model saved in ``out`` as its checkpoints are: weights, tokenizer, image processor (named as
+    the family's default class) and chat_template.jinja. Returns ``out``."""
+    model, tokenizer, image_processor, stored_name = _build(family)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    image_processor.save_pretrained(out)
+    path = os.path.join(out, "preprocessor_config.json")
+    with open(path, encoding="utf-8") as f:
+        stored = json.load(f)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({**stored, "image_processor_type": stored_name}, f)
+    with open(os.path.join(out, "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write(tokenizer.chat_template)
+    return out
 
 def _build(family: str):
     """(model, tokenizer, image processor, the class name a real folder's preprocessor_config.json names)."""
@@ -125,19 +142,7 @@ def folders(tmp_path_factory):
     family's default (torchvision) image processor class, and chat_template.jinja."""
     made = {}
     for family in FAMILIES:
-        out = str(tmp_path_factory.mktemp(family))
-        model, tokenizer, image_processor, stored_name = _build(family)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        image_processor.save_pretrained(out)
-        path = os.path.join(out, "preprocessor_config.json")
-        with open(path, encoding="utf-8") as f:
-            stored = json.load(f)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump({**stored, "image_processor_type": stored_name}, f)
-        with open(os.path.join(out, "chat_template.jinja"), "w", encoding="utf-8") as f:
-            f.write(tokenizer.chat_template)
-        made[family] = out
+        made[family] = save_family(family, str(tmp_path_factory.mktemp(family)))
     return made
 
 
@@ -331,7 +336,7 @@ def test_the_families_parts_are_counted_once(folders):
 def test_a_family_missing_a_part_is_one_line(folders):
     model, _ = load_model(folders["qwen2_vl"])
     del model.model.visual.merger
-    with pytest.raises(DiagnosticsError) as error:
+    with pytest.raises(AnatomyError) as error:
         locate(model, "tiny-qwen")
     message = str(error.value)
     assert "\n" not in message and "model.visual.merger" in message
@@ -361,7 +366,7 @@ def test_an_image_text_model_of_no_known_family_is_one_line_naming_the_missing_p
 
 
 def test_docs_list_every_family():
-    from llava_normaligned.anatomy import FAMILIES as TABLE
+    from llava_normaligned.families.anatomy import FAMILIES as TABLE
 
     docs = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "diagnostics.md")
     with open(docs, encoding="utf-8") as f:

@@ -3,10 +3,9 @@
 import random
 
 import pytest
-from test_train_templates import TEMPLATES, _multimodal
-
 from llava_normaligned.trainer.masking import ConversationRenderer, FastRenderMismatch, content_literals
 from llava_normaligned.trainer.preprocess import prepare_dataset
+from test_train_templates import TEMPLATES, _multimodal
 
 PIECES = ["red", "a dog", "  leading", "trailing  ", "\nnew line first", "last line\n", "\n\n both \n", "tab\there",
           "quote ' and \"", "{{ not jinja }}", "{% if x %}", "back\\slash", "caf\u00e9 \u4e2d", "</think>", "<think>",
@@ -100,9 +99,8 @@ def test_a_difference_the_checks_miss_is_caught_and_every_row_re_rendered(tiny_p
 
     import json
 
-    from PIL import Image
-
     from llava_normaligned.trainer.data import load_llava_json
+    from PIL import Image
 
     (tmp_path / "images").mkdir()
     rows = []

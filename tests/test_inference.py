@@ -20,14 +20,14 @@ from PIL import Image
 from torch import nn
 
 from llava_normaligned.generation import generate_batch, prepare_inputs, stream_answer
-from llava_normaligned.inference import (
+from llava_normaligned.loading import (
     KEEP_UNQUANTIZED,
     QUANTIZED_ROOT,
     load_model,
-    main,
     resolve_device,
     verify_quantization,
 )
+from llava_normaligned.serving.generate import main
 
 bnb = pytest.importorskip("bitsandbytes")  # a dev install has it (pyproject [dev]); the error path is tested below
 BNB_LINEAR = {"4bit": bnb.nn.Linear4bit, "8bit": bnb.nn.Linear8bitLt}
@@ -339,7 +339,8 @@ def test_missing_bitsandbytes_is_a_clear_error(tiny_model_dir, images, tmp_path)
         f"""
         import sys
         sys.modules["bitsandbytes"] = None  # makes `import bitsandbytes` raise ImportError
-        from llava_normaligned.inference import load_model, main
+        from llava_normaligned.loading import load_model
+        from llava_normaligned.serving.generate import main
         try:
             load_model({tiny_model_dir!r}, quantization="4bit", device="cpu")
         except ImportError as error:
@@ -402,7 +403,7 @@ def test_remote_code_loads_4bit_on_a_machine_without_this_package(tiny_model_dir
 
 HUB_CHECK = """
 import logging, sys
-from llava_normaligned.inference import load_model
+from llava_normaligned.loading import load_model
 
 repo, sha, image = sys.argv[1:4]
 warnings = []
@@ -426,7 +427,7 @@ try:
 except OSError as error:
     print("mistyped:", error)
 logging.getLogger("llava_normaligned.loading").removeHandler(keep)  # as in a plain CLI run
-from llava_normaligned.inference import main
+from llava_normaligned.serving.generate import main
 code = main([repo, "--trust-remote-code", "--image", image, "--prompt", "hi", "--max-new-tokens", "2", "--device",
              "cpu", "--quiet"])
 print("cli:", code)

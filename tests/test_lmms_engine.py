@@ -64,8 +64,8 @@ def test_placeholder_tokens_are_never_generated(tiny_model, tiny_processor):
     from PIL import Image
 
     from llava_normaligned.evaluation.batches import generate_answers
-    from llava_normaligned.generation import placeholder_token_ids
     from llava_normaligned.evaluation.prompts import GenerationRequest
+    from llava_normaligned.generation import placeholder_token_ids
 
     image_id = tiny_model.config.image_token_id
     assert image_id in placeholder_token_ids(tiny_model, tiny_processor)

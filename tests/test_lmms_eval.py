@@ -18,7 +18,6 @@ import sysconfig
 import time
 
 import pytest
-
 from eval_fixtures import answer_table, use_fixed_answers, write_copy, write_lmms_cache
 
 pytestmark = pytest.mark.slow
@@ -264,3 +263,99 @@ def test_plugin_is_registered_and_answers_in_4bit(lmms_python, tiny_model_dir, t
     assert out["linear"] == "Linear4bit"
     assert [len(pair) for pair in out["ll"]] == [2, 2]
     assert all(nll > 0 and isinstance(greedy, bool) for nll, greedy in out["ll"])
+
+
+SHARED_RULES = """
+import json, sys
+from PIL import Image
+from lmms_eval.api.instance import Instance
+from llava_normaligned.evaluation.batches import SampleSink, run_generation
+from llava_normaligned.evaluation.data import LoadedSplit
+from llava_normaligned.evaluation.loglik import _judged, run_loglik
+from llava_normaligned.evaluation.lmms_plugin import LlavaNormAligned
+from llava_normaligned.evaluation.tasks import TASKS
+
+model_dir, rows_path, out_dir = sys.argv[1:4]
+with open(rows_path) as f:
+    rows = json.load(f)
+plugin = LlavaNormAligned(pretrained=model_dir, batch_size="2", device="cpu", max_new_tokens=6)
+meta = lambda i: {"task": "t", "doc_id": i, "repeats": 1}
+
+# generation: the demo's questions, as the own harness asks them and as an lmms-eval task would hand them over
+synthetic = [{**r, "image": Image.new("RGB", (24, 24), r["image"])} for r in rows["synthetic"]]
+plugin.task_dict = {"t": {"test": synthetic}}
+visual = lambda doc: [doc["image"]]
+contexts = [r["conversations"][0]["value"] for r in synthetic]
+answers = plugin.generate_until([Instance("generate_until", (c, {"max_new_tokens": 6}, visual, i, "t", "test"), idx=0,
+                                          metadata=meta(i)) for i, c in enumerate(contexts)])
+prompts = [plugin._prompt(c) for c in contexts]
+token = plugin.processor.image_token
+plugin.processor.image_token = "<|image_pad|>"  # a family whose image token is not LLaVA's tag
+other_family = plugin._prompt("<image>\\n<|image_pad|>Which side is it on?")
+plugin.processor.image_token = token
+sink = SampleSink(out_dir + "/samples.jsonl")
+own = run_generation(TASKS["synthetic"], LoadedSplit(synthetic, "local", "t"), plugin.model, plugin.processor, sink,
+                     batch_size=2, max_new_tokens=6)
+
+# log-likelihood: MMLU rows, one lmms-eval request per option
+mmlu = rows["mmlu"]
+requests = [TASKS["mmlu"].build(row, i) for i, row in enumerate(mmlu)]
+plugin.task_dict = {"t": {"test": mmlu}}
+nll = [r.text[0] for r in plugin.loglikelihood([
+    Instance("loglikelihood", (q.context, c, None, i, "t", "test"), idx=k, metadata=meta(i))
+    for i, q in enumerate(requests) for k, c in enumerate(q.continuations)])]
+own_ll = run_loglik(TASKS["mmlu"], LoadedSplit(mmlu, "local", "t"), plugin.model, plugin.tokenizer, sink, batch_size=2)
+sink.close()
+per_request, k = [], 0
+for q in requests:
+    per_request.append([-v for v in nll[k : k + len(q.continuations)]])
+    k += len(q.continuations)
+plugin_ll = [_judged(TASKS["mmlu"], i, q, lls) for i, (q, lls) in enumerate(zip(requests, per_request))]
+print(json.dumps({"prompts": prompts, "other_family": other_family, "answers": answers, "own": own,
+                  "own_ll": own_ll, "plugin_ll": plugin_ll}, default=str))
+"""
+
+
+def test_plugin_and_runner_share_the_rules(lmms_python, tiny_model_dir, tmp_path):
+    """The plugin, called as lmms-eval calls it, and the own harness on the same rows: the same prompt text (also for
+    the inputs where the plugin's earlier rule differed: a question with outer white space, LLaVA's tag beside
+    another family's image token), the same answers, extracted and judged by the same rules to the same records and
+    score; for log-likelihoods the same numbers, choices and score."""
+    import eval_fixtures
+
+    from llava_normaligned.evaluation.extraction import normalize_answer
+    from llava_normaligned.evaluation.tasks import TASKS
+
+    questions = ["<image>\nWhat colour is the shape?", "What shape is it?\n<image>", "  How many shapes are there?\n",
+                 "<image>\nIs it on the left?"]
+    synthetic = [{"id": f"s{i}", "image": colour, "template": template,
+                  "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": gold}]}
+                 for i, (q, colour, template, gold) in enumerate(zip(
+                     questions, ["red", "blue", "green", "red"], ["colour", "shape", "count", "position"],
+                     ["red", "square", "1", "yes"]))]
+    (tmp_path / "rows.json").write_text(json.dumps({"synthetic": synthetic, "mmlu": eval_fixtures.mmlu_rows()[:3]}))
+    (tmp_path / "shared.py").write_text(SHARED_RULES)
+    run = subprocess.run([lmms_python, "shared.py", tiny_model_dir, "rows.json", str(tmp_path)], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+
+    assert out["prompts"] == [r["prompt"] for r in out["own"]] == [
+        "What colour is the shape?", "What shape is it?", "How many shapes are there?", "Is it on the left?"]
+    assert out["other_family"] == "Which side is it on?"
+    spec = TASKS["synthetic"]
+    requests = {r["row"]: spec.build({**row, "image": None}, i) for i, (r, row) in enumerate(zip(out["own"], synthetic))}
+    assert out["answers"] == [r["prediction"] for r in out["own"]]
+    plugin_records = []
+    for i, answer in enumerate(out["answers"]):
+        extracted = spec.extract(answer, requests[i])
+        plugin_records.append({**out["own"][i], "extracted": extracted,
+                               "correct": spec.judge(extracted, answer, requests[i])})
+        assert (extracted, plugin_records[-1]["correct"]) == (out["own"][i]["extracted"], out["own"][i]["correct"])
+        assert plugin_records[-1]["correct"] == (normalize_answer(answer) == normalize_answer(requests[i].gold) != "")
+    assert spec.score(plugin_records) == spec.score(out["own"])
+
+    for own, theirs in zip(out["own_ll"], out["plugin_ll"]):
+        assert theirs["loglikelihoods"] == pytest.approx(own["loglikelihoods"], abs=1e-4)
+        assert (theirs["extracted"], theirs["correct"]) == (own["extracted"], own["correct"])
+    assert TASKS["mmlu"].score(out["plugin_ll"]) == TASKS["mmlu"].score(out["own_ll"])

@@ -158,6 +158,65 @@ def test_given_norm_target_is_used(seed):
     assert torch.allclose(gain, torch.full_like(gain, 3.2 / 8.0))
 
 
+# ------------------------------------------------------------------------------------------------ reset_norm
+
+
+def _trained_looking(projector):
+    """The projector's norm moved away from any init, as training leaves it."""
+    with torch.no_grad():
+        projector.norm.weight.uniform_(2.0, 3.0)
+        projector.norm.bias.uniform_(-1.0, 1.0)
+
+
+@pytest.mark.parametrize("norm_init, expected_gain", [("target", 3.2 / 8.0), ("default", 1.0)])
+def test_reset_norm_rebuilds_and_initialises_the_norm_from_the_config(seed, norm_init, expected_gain):
+    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=3.2))
+    projector = model.model.multi_modal_projector
+    _trained_looking(projector)
+    old = projector.norm
+    model.config.norm_init, model.config.gradient_compensation_min = norm_init, 0.05
+    norm = projector.reset_norm()  # the model's config as it reads now
+    assert norm is projector.norm and norm is not old and isinstance(norm, NormAlignedLayerNorm)
+    assert torch.equal(norm.weight, torch.full_like(norm.weight, expected_gain))  # paper §5.1 / Table 5
+    assert torch.equal(norm.bias, torch.zeros_like(norm.bias))
+    assert norm.compensation and norm.compensation_min == 0.05 and norm.normalized_shape == (TEXT["hidden_size"],)
+    assert model.get_projector_norm() is norm
+
+
+def test_reset_norm_with_no_norm_or_without_gwc(seed):
+    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=3.2)).eval()
+    projector = model.model.multi_modal_projector
+    off = projector.reset_norm(make_config(norm_target=3.2, gradient_compensation=False, gradient_compensation_min=0.2))
+    assert not off.compensation and off.compensation_min == 0.2
+    assert projector.reset_norm(make_config(projector_norm=None)) is None and projector.norm is None
+    from llava_normaligned.compose import stock_llava_like
+
+    assert not any("multi_modal_projector.norm" in key for key in model.state_dict())
+    stock = stock_llava_like(model)  # the same weights: with the norm gone, the same logits
+    input_ids, pixel_values = make_inputs()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=input_ids, pixel_values=pixel_values).logits,
+                           stock(input_ids=input_ids, pixel_values=pixel_values).logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reset_norm_keeps_the_projector_s_dtype_and_device(seed, dtype):
+    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=3.2)).to(dtype)
+    norm = model.model.multi_modal_projector.reset_norm()
+    assert norm.weight.dtype == norm.bias.dtype == dtype
+    assert torch.equal(norm.weight, torch.full_like(norm.weight, 3.2 / 8.0))
+    with torch.device("meta"):
+        on_meta = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=3.2))
+    projector = on_meta.model.multi_modal_projector.to(dtype)
+    assert projector.reset_norm().weight.device.type == "meta" and projector.norm.weight.dtype == dtype
+
+
+def test_reset_norm_without_t_names_it(seed):
+    model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=3.2))
+    with pytest.raises(ValueError, match="norm_target"):
+        model.model.multi_modal_projector.reset_norm(make_config())  # target init, T not set
+
+
 def test_gain_survives_post_init_from_pretrained_and_resize(tmp_path, seed, caplog):
     model = LlavaNormAlignedForConditionalGeneration(make_config(norm_target=2.0))
     norm = model.model.multi_modal_projector.norm
@@ -222,8 +281,9 @@ def _drop_from_checkpoint(folder, predicate) -> list[str]:
 def test_missing_weights_load_as_in_transformers_and_the_loader_refuses(tmp_path, seed, caplog):
     """The class follows transformers: a missing weight is initialised (the vision model's own init) and reported,
     with a warning naming the checkpoint; the package's loader, behind every command, refuses the checkpoint."""
-    from llava_normaligned.loading import load_model
     from transformers import AutoModelForImageTextToText
+
+    from llava_normaligned.loading import load_model
 
     config = make_config(norm_target=1.0, vision_config=dict(VISION, hidden_size=64, intermediate_size=128))
     LlavaNormAlignedForConditionalGeneration(config).save_pretrained(tmp_path)

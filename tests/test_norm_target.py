@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 from llava_normaligned.hub_cards.card import norm_statistics, read_checkpoint
-from llava_normaligned.trainer.callbacks import text_embedding_norm as tracked_text_norm
 from transformers import AutoProcessor
 
 from llava_normaligned.compose import compose, convert_from_llava, save, stock_llava_like
-from llava_normaligned.diagnostics.probe_points import locate
 from llava_normaligned.diagnostics.probes import text_embedding_norm as diagnose_text_norm
+from llava_normaligned.families.probe_points import locate
+from llava_normaligned.part_metrics import text_embedding_norm as tracked_text_norm
 from modeling_llava_normaligned import (
     LlavaNormAlignedForConditionalGeneration,
     model_norm_target,
@@ -67,7 +67,7 @@ def test_the_norm_tracking_logs_it_under_peft(composed):
     wrapped = peft.get_peft_model(model, config)
     assert tracked_text_norm(wrapped) == pytest.approx(reference, rel=1e-6)
     with torch.no_grad():
-        from llava_normaligned.anatomy import anatomy_of
+        from llava_normaligned.families.anatomy import anatomy_of
 
         norm = anatomy_of(wrapped).projector_norm
         assert norm is not None and norm.weight.requires_grad  # the trained copy, not the frozen original

@@ -39,9 +39,15 @@ SHAPES = {
 
 def _parts(text_config: dict):
     """The vision tower and the LLM on the meta device, the LLM's embeddings materialised (bf16, its init)."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
+        SiglipVisionModel,
+    )
+
     from llava_normaligned.tiny import train_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM, SiglipImageProcessor, SiglipVisionConfig
-    from transformers import SiglipVisionModel
 
     vision_config = SiglipVisionConfig(**SIGLIP_SO400M_384)
     text = dict(text_config)

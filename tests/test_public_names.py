@@ -13,13 +13,14 @@ from pathlib import Path
 import eval_fixtures
 import pytest
 from hub_server import HubServer
-from llava_normaligned.cli import main as cli_main
 from llava_normaligned.hub_cards.card import CardOptions, render_card
 from llava_normaligned.hub_cards.push import push, push_main
 from llava_normaligned.hub_cards.selfcheck import LocalPathError, plan_upload, safetensors_header, self_check
-from llava_normaligned.public_names import hide_local_paths, is_hub_id, local_paths_in, public_name, public_record
 from llava_normaligned.trainer.data import default_cache_dir
 from test_train_support import write_llava_dataset
+
+from llava_normaligned.cli import main as cli_main
+from llava_normaligned.public_names import hide_local_paths, is_hub_id, local_paths_in, public_name, public_record
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

@@ -8,8 +8,9 @@ import os
 from collections import Counter, defaultdict
 
 import pytest
-from llava_normaligned.demo import synthetic
 from PIL import Image
+
+from llava_normaligned.demo import synthetic
 
 SMALL = {"train_per_template": 32, "test_per_template": 16}
 

@@ -72,9 +72,10 @@ def test_train_cli_names_the_row_of_a_missing_image(tiny_model_dir, data, tmp_pa
 def test_every_shipped_recipe_parses_with_the_papers_values(name, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     stage = [] if "stage" in name else ["--stage", "1"]  # an ablation file only sets the variant
-    stage_args, sft, _, files = parse_train_args(
+    config = parse_train_args(
         ["--config", name, "--model", "some/llava", "--data-path", "d.json", "--output-dir", "out", *stage])
-    assert files == [name]
+    stage_args, sft = config.stage_args, config.sft_args
+    assert config.config_files == (name,)
     if name.startswith("ablation"):
         variant = stage_args.variant()
         assert variant["projector_norm"] == (None if "no-norm" in name else "layernorm")
@@ -99,9 +100,10 @@ def test_every_shipped_recipe_parses_with_the_papers_values(name, monkeypatch):
 
 def test_recipe_plus_ablation_file_and_global_batch_check(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    stage_args, sft, _, _ = parse_train_args([
+    config = parse_train_args([
         "--config", "llama3.2-3b_siglip-so400m_stage1", "--config", "ablation_no-norm.yaml",
         "--data-path", "d.json", "--output-dir", "out", "--per_device_train_batch_size", "4"])
+    stage_args, sft = config.stage_args, config.sft_args
     assert stage_args.model is None and stage_args.vision_model == "google/siglip-so400m-patch14-384"
     assert stage_args.variant() == {"projector_norm": None} and sft.gradient_accumulation_steps == 64
     with pytest.raises(ValueError, match="not a multiple"):
@@ -200,8 +202,9 @@ def test_flags_that_would_do_nothing_are_refused(flags, message):
 def test_lora_vision_puts_adapters_on_the_vision_tower():
     from llava_normaligned.trainer.lora import VISION_TARGETS, stage2_lora_config
 
-    stage_args, _, model_args, _ = parse_train_args(
+    config = parse_train_args(
         ["--stage", "2", "--model", "m", "--data-path", "d.json", "--output-dir", "out", "--use_peft", "--lora-vision"])
+    stage_args, model_args = config.stage_args, config.model_args
     assert stage_args.lora_vision and stage_args.train_vision is None
     assert VISION_TARGETS in stage2_lora_config(model_args, lora_vision=stage_args.lora_vision).target_modules
 

@@ -56,8 +56,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ramp_model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny model with a projector-norm gain that is a ramp (0.2x .. 3x T / sqrt(D)), not a constant."""
-    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
     from transformers import AutoProcessor
+
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
     out = str(tmp_path_factory.mktemp("ramp_model"))
     model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from llava_normaligned.trainer.collator import LlavaTrainingCollator
 from llava_normaligned.trainer.data import load_llava_json
-from llava_normaligned.trainer.loading import load_checkpoint
 from llava_normaligned.trainer.lora import stage2_lora_config
 from llava_normaligned.trainer.preprocess import prepare_dataset
+from llava_normaligned.trainer.starting_point import load_checkpoint
 from llava_normaligned.trainer.train import train_stage
 from test_train_support import cpu_config, snapshot, write_llava_dataset
 from trl import ModelConfig

@@ -119,9 +119,9 @@ def test_the_strategies_read_the_prepared_lengths(tiny_model_dir, tiny_processor
     prepared, _ = prepare_dataset(load_llava_json(path, images), tiny_processor, max_length=None)
     assert prepared["num_images"][:] == [1] * 8 + [0] * 3
     for strategy in ("group_by_length", "group_by_modality_length"):
-        _, args, _, _ = parse_train_args(["--stage", "2", "--model", tiny_model_dir, "--data-path", path,
-                                          "--output-dir", str(tmp_path / "out"), "--train_sampling_strategy",
-                                          strategy, "--per_device_train_batch_size", "2"])
+        args = parse_train_args(["--stage", "2", "--model", tiny_model_dir, "--data-path", path,
+                                 "--output-dir", str(tmp_path / "out"), "--train_sampling_strategy",
+                                 strategy, "--per_device_train_batch_size", "2"]).sft_args
         sampler = grouped_order_for(prepared, args)
         assert np.array_equal(sampler.lengths, np.asarray(prepared["num_tokens"][:]))
         assert (sampler.has_image is None) == (strategy == "group_by_length")
@@ -150,8 +150,9 @@ def test_a_resumed_run_sees_the_rows_of_the_uninterrupted_run(tiny_model_dir, ti
     """Over two epochs (the resume falls in the second), with gradient accumulation and padding-free batches."""
     from llava_normaligned.trainer.data import load_llava_json
     from llava_normaligned.trainer.train import StageConfig, prepare_stage, run_stage
-    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
     from test_train_resume import StopAfter
+
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
     path, images = write_llava_dataset(tmp_path / "data", n_rows=12, text_only=4, multi_turn_every=2)
     dataset = load_llava_json(path, images)

@@ -8,7 +8,6 @@ import os
 
 import torch
 
-
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
 
 

@@ -4,7 +4,12 @@ One parser (TRL's ``TrlParser``, itself transformers' ``HfArgumentParser``) read
 flag works (``--per_device_train_batch_size 4`` or ``--per-device-train-batch-size 4``), YAML recipes set defaults
 (``--config recipe.yaml``; several ``--config`` files merge in order, later ones win) and command-line flags override
 the YAML. A ``--config`` value may also name a recipe shipped in ``trainer/recipes/`` (``--config
-llama3.2-3b_siglip-so400m_stage1``). Two adjustments are made before the configs are built, each logged:
+llama3.2-3b_siglip-so400m_stage1``).
+
+A run's settings are built once, in three steps (``parse_train_args`` is the three): ``read_train_args`` parses,
+``setup_environment`` sets a recipe's ``env:`` keys (the one step that changes the environment, logged),
+``build_train_config`` validates, derives and builds the frozen ``TrainConfig``, read and never written from then on.
+Two values are derived from the machine, each logged, and given to the configs when they are built:
 
 * no GPU: ``use_cpu=True`` and bf16/fp16 off (TRL's default ``bf16=True`` refuses to start on a CPU-only machine), so
   ``train`` runs on a laptop with no extra flags and on GPUs with the recipe's precision; ``--bf16 True`` on the
@@ -15,7 +20,6 @@ llama3.2-3b_siglip-so400m_stage1``). Two adjustments are made before the configs
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, SFTConfig, TrlParser
 
+from llava_normaligned.compat import DefaultsHelpFormatter, is_store_false, move_to_group, parser_actions
 from llava_normaligned.console import (
     FRACTION,
     NON_NEGATIVE,
@@ -37,6 +42,15 @@ from llava_normaligned.console import (
     check_numbers,
     check_output_folder,
 )
+from llava_normaligned.loading import (
+    DTYPE_NAMES,
+    NO_TRUST_REMOTE_CODE_HELP,
+    TRUST_REMOTE_CODE_DEFAULT,
+    TRUST_REMOTE_CODE_HELP,
+    LoadOptions,
+    dtype_help,
+)
+from llava_normaligned.norm_variant import NormVariant, variant_field
 
 logger = logging.getLogger(__name__)
 
@@ -120,15 +134,11 @@ class StageArguments(StageConfig):
     global_batch_size: int | None = field(default=None, metadata={
         "help": "sets gradient_accumulation_steps = global / (per-device batch x processes) (default: unset, "
                 "--gradient_accumulation_steps applies)"})
-    # the paper's ablation (Tables 4/5): applied to the model before stage 1
-    projector_norm: str | None = field(default=None, metadata={
-        "help": "stage 1 variant: 'layernorm' or 'none' (w/o Norm); default: as the model is",
-        "choices": ["layernorm", "none"]})
-    norm_init: str | None = field(default=None, metadata={
-        "help": "stage 1 variant: 'target' (gain T/sqrt(D)) or 'default' (gain 1); default: as the model is",
-        "choices": ["target", "default"]})
-    gradient_compensation: bool | None = field(default=None, metadata={
-        "help": "stage 1 variant: Global Weight Compensation on/off; default: as the model is"})
+    # the paper's ablation (Tables 4/5): applied to the model before stage 1 (llava_normaligned.norm_variant)
+    projector_norm: str | None = variant_field("projector_norm")
+    norm_init: str | None = variant_field("norm_init")
+    gradient_compensation: bool | None = variant_field("gradient_compensation")
+    gradient_compensation_min: float | None = variant_field("gradient_compensation_min")
     lora_vision: bool = field(default=False, metadata={
         "help": "with --use_peft: LoRA adapters on the vision tower's linear layers too (default: off, the LLM's "
                 "only)"})
@@ -143,17 +153,12 @@ class StageArguments(StageConfig):
             raise ValueError("stage 2 starts from a checkpoint: give --model (stage 1's output folder)")
         if (self.data_path is None) == (self.dataset_name is None):
             raise ValueError("give exactly one of --data-path (LLaVA JSON) and --dataset-name (messages + images)")
+        self.variant()  # a recipe's value is not checked against the choices: a bad one names its option here
 
     def variant(self) -> dict:
-        """The ablation fields given (``projector_norm`` as the model config spells it: ``None`` for 'none')."""
-        out = {}
-        if self.projector_norm is not None:
-            out["projector_norm"] = None if self.projector_norm == "none" else self.projector_norm
-        if self.norm_init is not None:
-            out["norm_init"] = self.norm_init
-        if self.gradient_compensation is not None:
-            out["gradient_compensation"] = self.gradient_compensation
-        return out
+        """The ablation options given (``NormVariant.given``: as the model config spells them, ``None`` for
+        'none')."""
+        return NormVariant.given(self)
 
 
 DATACLASSES = (StageArguments, SFTConfig, ModelConfig)
@@ -168,6 +173,7 @@ TRAIN_NUMBERS: dict[str, NumberRule] = {
     "lr_projector": NON_NEGATIVE,
     "lr_llm": NON_NEGATIVE,
     "lr_vision": NON_NEGATIVE,
+    "gradient_compensation_min": POSITIVE,
     # TRL's SFTConfig (transformers' TrainingArguments)
     "per_device_train_batch_size": POSITIVE_COUNT,
     "per_device_eval_batch_size": POSITIVE_COUNT,
@@ -289,28 +295,25 @@ def check_peft_flags(stage_args: StageArguments, model_args: ModelConfig) -> Non
         raise ValueError("--train-vision False and --lora-vision contradict each other")
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(DefaultsHelpFormatter):
     """transformers' formatter (``HfArgumentParser`` ends each option's help with "(default: X)"), except where the
     help already states its default in words ("(default: the LLM's)", "default: as the model is", "(required)"),
     and for the ``--no_X`` twin of a boolean flag, whose own default is never used (--X's is)."""
 
     STATED = re.compile(r"\((?:default\b|required\))|\bdefault:")
 
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if self.STATED.search(text) or _negates(action):
-            return text
-        return super()._get_help_string(action)
+    def help_states_default(self, action) -> bool:
+        return bool(self.STATED.search(action.help or "")) or _negates(action)
 
 
 def _negates(action) -> bool:
-    return isinstance(action, argparse._StoreFalseAction) and any(o.startswith("--no") for o in action.option_strings)
+    return is_store_false(action) and any(o.startswith("--no") for o in action.option_strings)
 
 
 def _describe_negations(parser) -> None:
     """``HfArgumentParser`` gives a boolean flag's ``--no_X`` twin the help of ``--X`` word for word, so --help read
     as two flags doing the same thing: say what the twin does instead."""
-    for action in parser._actions:  # argparse's list of actions
+    for action in parser_actions(parser):
         if _negates(action):
             action.help = f"turn --{action.dest} off (the same as --{action.dest} False)"
 
@@ -327,8 +330,29 @@ def make_parser() -> TrlParser:
     )
     _group_own_flags_first(parser)
     _add_sampling_strategies(parser)
+    _load_flags_as_everywhere(parser)
     _describe_negations(parser)
     return parser
+
+
+TRAIN_DTYPE_DEFAULT = "float32"  # TRL's: fp32 master weights; --bf16/--fp16 autocast gives the speed
+
+
+def _load_flags_as_everywhere(parser) -> None:
+    """``--trust_remote_code`` and ``--dtype`` (TRL's fields) with the meaning they have in every command
+    (``llava_normaligned.loading.add_load_flags``): trust unset is transformers' own resolution (None), False refuses
+    (also ``--no-trust-remote-code``), True opts in; ``--dtype`` takes the same names, ``auto`` as stored. Its default
+    stays TRL's float32: the optimizer keeps fp32 master weights, whatever the checkpoint stores."""
+    import argparse
+
+    parser.set_defaults(trust_remote_code=TRUST_REMOTE_CODE_DEFAULT)
+    actions = {action.dest: action for action in parser_actions(parser)}
+    actions["trust_remote_code"].help = TRUST_REMOTE_CODE_HELP
+    dtype = actions["dtype"]
+    dtype.choices = ["auto", *DTYPE_NAMES]
+    dtype.help = dtype_help(f"{TRAIN_DTYPE_DEFAULT} (fp32 master weights; --bf16/--fp16 autocast)")
+    parser.add_argument("--no_trust_remote_code", "--no-trust-remote-code", dest="trust_remote_code",
+                        action="store_const", const=False, default=argparse.SUPPRESS, help=NO_TRUST_REMOTE_CODE_HELP)
 
 
 def _add_sampling_strategies(parser) -> None:
@@ -336,7 +360,7 @@ def _add_sampling_strategies(parser) -> None:
     ``group_by_length`` included, which transformers also names)."""
     from .sampling import GROUPED_STRATEGIES
 
-    action = next(a for a in parser._actions if a.dest == "train_sampling_strategy")  # argparse's list of actions
+    action = next(a for a in parser_actions(parser) if a.dest == "train_sampling_strategy")
     action.choices = list(dict.fromkeys([*action.choices, *GROUPED_STRATEGIES]))
     action.help = ("order of the training rows: 'random' (default), 'sequential', 'group_by_length' (rows of similar "
                    "length share a batch) or 'group_by_modality_length' (LLaVA-1.5's stage 2: image and text-only rows "
@@ -348,15 +372,9 @@ def _group_own_flags_first(parser) -> None:
     """``--help`` lists this package's flags (``StageArguments``) first, in their own group, then TRL's and
     transformers' (HfArgumentParser puts every dataclass's flags in one "options" group)."""
     own = {f.name for f in dataclasses.fields(StageArguments)}
-    options = parser._optionals  # argparse keeps its groups in these attributes (stable since Python 3.2)
     group = parser.add_argument_group("llava-normaligned: model, data, stage and variant")
-    moved = [a for a in options._group_actions if a.dest in own]
-    for action in moved:
-        options._group_actions.remove(action)
-        group._group_actions.append(action)
+    options = move_to_group(parser, group, own)  # HfArgumentParser's one "options" group, which they came from
     options.title = "TRL SFTConfig and ModelConfig (transformers TrainingArguments)"
-    parser._action_groups.remove(group)
-    parser._action_groups.insert(parser._action_groups.index(options), group)
 
 
 def has_accelerator() -> bool:
@@ -389,19 +407,23 @@ def resolve_config(path: str) -> str:
     raise FileNotFoundError(f"--config: no such file or shipped recipe: {path} (recipes: {', '.join(recipe_names())})")
 
 
-def _read_configs(paths: list[str]) -> dict:
+def _read_configs(paths: list[str]) -> tuple[dict, dict[str, str]]:
+    """The recipes' values, merged in order (later files win), and their ``env:`` keys (environment variables the
+    run sets, in ``setup_environment``; as TRL's own ``--config`` reads them)."""
     import yaml
 
-    merged = {}
+    merged, environment = {}, {}
     for path in map(resolve_config, paths):
         with open(path, encoding="utf-8") as handle:
             config = yaml.safe_load(handle) or {}
         if not isinstance(config, dict):
             raise ValueError(f"--config {path}: expected a YAML mapping of argument names to values")  # noqa: TRY004
-        for key, value in (config.pop("env", None) or {}).items():
-            os.environ[key] = str(value)
+        env = config.pop("env", None) or {}
+        if not isinstance(env, dict):
+            raise ValueError(f"--config {path}: 'env' must be a mapping of environment variable names to values")  # noqa: TRY004
+        environment.update({str(key): str(value) for key, value in env.items()})
         merged.update(config)
-    return merged
+    return merged, environment
 
 
 def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -421,15 +443,16 @@ def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, configs
 
 
-def _adjust_for_hardware(namespace, bf16_asked: bool = False) -> None:
+def _hardware_settings(namespace, bf16_asked: bool = False) -> dict:
     """No GPU: train on the CPU in float32, or in bf16 autocast when ``--bf16 True`` is given on the command line (a
-    recipe's ``bf16`` is for GPUs) and the CPU has bf16 matmul instructions (AMX or AVX512-BF16)."""
+    recipe's ``bf16`` is for GPUs) and the CPU has bf16 matmul instructions (AMX or AVX512-BF16). Returns the fields
+    to set (``use_cpu``, ``bf16``, ``fp16``), empty with a GPU or under a DeepSpeed launch on CPUs."""
     if has_accelerator():
-        return
+        return {}
     from .engines import cpu_engine_arguments, cpu_has_bf16_matmul
 
     if cpu_engine_arguments(namespace):  # a DeepSpeed launch: its CPU accelerator over gloo
-        return
+        return {}
     bf16 = bool(bf16_asked and namespace.bf16 and cpu_has_bf16_matmul())
     if bf16:
         logger.info("no GPU found: training on the CPU in bf16 autocast (--bf16 True; this CPU has AMX/AVX512-BF16)")
@@ -438,7 +461,7 @@ def _adjust_for_hardware(namespace, bf16_asked: bool = False) -> None:
                        "runs hundreds of times slower than float32: training in float32 (use_cpu=True, bf16 off)")
     elif namespace.bf16 is not False or namespace.fp16 or not namespace.use_cpu:
         logger.info("no GPU found: training on the CPU in float32 (use_cpu=True, bf16/fp16 off)")
-    namespace.use_cpu, namespace.bf16, namespace.fp16 = True, bf16, False
+    return {"use_cpu": True, "bf16": bf16, "fp16": False}
 
 
 def accumulation_steps(global_batch_size: int, per_device: int, world_size: int) -> int:
@@ -452,30 +475,87 @@ def accumulation_steps(global_batch_size: int, per_device: int, world_size: int)
     return global_batch_size // per_step
 
 
-def _apply_global_batch(namespace) -> None:
+def _global_batch_settings(namespace) -> dict:
+    """``--global-batch-size``: the ``gradient_accumulation_steps`` that gives it on this launch's processes."""
     if namespace.global_batch_size is None:
-        return
+        return {}
     world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
-    namespace.gradient_accumulation_steps = accumulation_steps(
-        namespace.global_batch_size, namespace.per_device_train_batch_size, world)
+    steps = accumulation_steps(namespace.global_batch_size, namespace.per_device_train_batch_size, world)
     logger.info("global batch %d = %d per device x %d processes x %d accumulation steps",
-                namespace.global_batch_size, namespace.per_device_train_batch_size, world,
-                namespace.gradient_accumulation_steps)
+                namespace.global_batch_size, namespace.per_device_train_batch_size, world, steps)
+    return {"gradient_accumulation_steps": steps}
 
 
-def parse_train_args(argv: list[str] | None = None):
-    """argv -> ``(StageArguments, SFTConfig, ModelConfig, config_files)``."""
+@dataclass(frozen=True)
+class TrainRequest:
+    """What the command line and the recipes say, before anything is derived: ``read_train_args``' result."""
+
+    namespace: object  # argparse's Namespace: every field's value: flags over the recipes' values over the defaults
+    config_files: tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)  # the recipes' ``env:`` keys
+    bf16_asked: bool = False  # --bf16 given on the command line (not only by a recipe)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A ``train`` run's settings, built once (``build_train_config``: validate, then derive) and then only read.
+
+    ``stage_args``, ``sft_args``, ``model_args``: the three dataclasses of the parser, with what was derived from the
+    machine already in them (no GPU: ``use_cpu`` and bf16/fp16; ``--global-batch-size``: the accumulation steps).
+    ``load``: how the checkpoint is loaded (``llava_normaligned.loading.LoadOptions``, ``for_training``); None when
+    stage 1 composes from ``--vision-model`` and ``--text-model``. ``environment``: the recipes' ``env:`` keys, set by
+    ``setup_environment`` before the configuration is built (it may name devices, which decide the derived values)."""
+
+    stage_args: StageArguments
+    sft_args: SFTConfig
+    model_args: ModelConfig
+    load: LoadOptions | None
+    config_files: tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        """What the run was given and derived, for the one log line at start: this package's fields and the load
+        options in full, the Trainer's and the model's fields where they differ from TRL's defaults."""
+        def changed(obj) -> dict:
+            return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
+                    if f.init and f.default is not dataclasses.MISSING and getattr(obj, f.name) != f.default}
+
+        return {"stage": dataclasses.asdict(self.stage_args), "load": dataclasses.asdict(self.load) if self.load else
+                None, "trainer": changed(self.sft_args), "model": changed(self.model_args),
+                "config_files": list(self.config_files), "environment": dict(self.environment)}
+
+
+def read_train_args(argv: list[str] | None = None) -> TrainRequest:
+    """Parse: argv (and the ``--config`` recipes it names) -> a ``TrainRequest``. Nothing is checked, derived or
+    set here but what argparse itself refuses."""
     import sys
 
     argv, config_files = _pop_configs(list(sys.argv[1:] if argv is None else argv))
     parser = make_parser()
+    environment = {}
     if config_files:
-        unused = parser.set_defaults_with_config(**_read_configs(config_files))
+        values, environment = _read_configs(config_files)
+        unused = parser.set_defaults_with_config(**values)
         if unused:
             raise ValueError(f"--config: unknown arguments {unused} (not a train, SFTConfig or ModelConfig field)")
     namespace, remaining = parser.parse_known_args(argv)
     if remaining:
         parser.error(f"unrecognized arguments: {' '.join(remaining)}")
+    return TrainRequest(namespace, tuple(config_files), environment,
+                        bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv))
+
+
+def setup_environment(environment: dict[str, str]) -> None:
+    """The one step of ``train`` that changes the process environment: the recipes' ``env:`` keys into
+    ``os.environ``, each logged. Run after parsing and before ``build_train_config`` (which reads the devices)."""
+    for key, value in environment.items():
+        logger.info("environment: %s=%s (from --config)%s", key, value,
+                    "" if os.environ.get(key, value) == value else f", was {os.environ[key]}")
+        os.environ[key] = value
+
+
+def _check_request(namespace) -> None:
+    """What the arguments must satisfy before anything is derived from them (``BadInput`` names the flag)."""
     if namespace.output_dir in (None, "", "trainer_output"):
         raise BadInput("--output-dir is required: the folder to write the model and checkpoints to")
     if namespace.model and namespace.model_name_or_path and namespace.model != namespace.model_name_or_path:
@@ -484,29 +564,63 @@ def parse_train_args(argv: list[str] | None = None):
     if str(getattr(namespace.eval_strategy, "value", namespace.eval_strategy)) != "no":
         raise BadInput(f"--eval_strategy {namespace.eval_strategy}: `train` takes no evaluation data, so there is "
                        "nothing to evaluate; leave it at 'no' (score a checkpoint with `llava-normaligned eval`)")
-    for flag in ("deepspeed", "fsdp_config"):  # read when the configs are built, just below
+    for flag in ("deepspeed", "fsdp_config"):  # read when the configs are built
         value = getattr(namespace, flag, None)
         if isinstance(value, str) and value.endswith(".json"):
             check_input_file(f"--{flag}", value)
-    namespace.model = namespace.model or namespace.model_name_or_path
-    namespace.model_name_or_path = namespace.model
-    _adjust_for_hardware(namespace, bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv))
-    _apply_global_batch(namespace)
-    values = vars(namespace)
+
+
+def train_load_options(stage_args: StageArguments, sft_args: SFTConfig, model_args: ModelConfig) -> LoadOptions | None:
+    """How ``train`` loads its checkpoint: the same ``LoadOptions`` as every command, from train's fields (the LLM in
+    4/8-bit only for QLoRA; 4-bit is always double-quantized, so ``--use_bnb_nested_quant`` is moot). None when
+    stage 1 composes from a vision encoder and a causal LM."""
+    if stage_args.model is None:
+        return None
+    return LoadOptions(
+        stage_args.model, revision=model_args.model_revision, dtype=model_args.dtype,
+        trust_remote_code=sft_args.trust_remote_code, attn_implementation=model_args.attn_implementation,
+        quantization="4bit" if model_args.load_in_4bit else "8bit" if model_args.load_in_8bit else None,
+        quant_type=model_args.bnb_4bit_quant_type, for_training=True,
+    )
+
+
+def build_train_config(request: TrainRequest) -> TrainConfig:
+    """Validate, then derive, once: the run's ``TrainConfig``. The request is not changed; what is derived (the
+    model under its two names, the hardware's precision, the global batch's accumulation steps) is computed here and
+    given to the dataclasses when they are built."""
+    namespace = request.namespace
+    _check_request(namespace)
+    model = namespace.model or namespace.model_name_or_path
+    derived = {"model": model, "model_name_or_path": model,
+               **_hardware_settings(namespace, bf16_asked=request.bf16_asked),
+               **_global_batch_settings(namespace)}
+    values = {**vars(namespace), **derived}
     built = []
     for dataclass_type in DATACLASSES:
         names = {f.name for f in dataclasses.fields(dataclass_type) if f.init}
         built.append(dataclass_type(**{k: v for k, v in values.items() if k in names}))
     stage_args, sft_args, model_args = built
     check_peft_flags(stage_args, model_args)
-    return stage_args, sft_args, model_args, config_files
+    return TrainConfig(stage_args, sft_args, model_args, train_load_options(stage_args, sft_args, model_args),
+                       request.config_files, dict(request.environment))
+
+
+def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
+    """argv -> the run's ``TrainConfig``: ``read_train_args``, ``setup_environment`` (the recipes' ``env:`` keys),
+    ``build_train_config``; the three steps ``train`` takes, in its order."""
+    request = read_train_args(argv)
+    setup_environment(request.environment)
+    return build_train_config(request)
 
 
 __all__ = [
     "TRAIN_NUMBERS",
     "StageArguments",
     "StageConfig",
+    "TrainConfig",
+    "TrainRequest",
     "accumulation_steps",
+    "build_train_config",
     "check_chat_template_path",
     "check_peft_flags",
     "check_train_inputs",
@@ -514,6 +628,9 @@ __all__ = [
     "has_accelerator",
     "make_parser",
     "parse_train_args",
+    "read_train_args",
     "recipe_names",
     "resolve_config",
+    "setup_environment",
+    "train_load_options",
 ]

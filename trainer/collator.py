@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from llava_normaligned.compat import keeps_pil_backend_steps
+
 from .padding_free import pack_rows
 from .preprocess import adds_special_tokens
 
@@ -76,11 +78,7 @@ class PixelTable:
 
     @classmethod
     def of(cls, image_processor) -> PixelTable | None:
-        try:
-            from transformers.image_processing_backends import PilBackend
-        except ImportError:
-            return None
-        if not isinstance(image_processor, PilBackend) or type(image_processor)._preprocess is not PilBackend._preprocess:
+        if not keeps_pil_backend_steps(image_processor):
             return None
         if not (image_processor.do_rescale and image_processor.do_normalize) or getattr(image_processor, "do_pad", None):
             return None

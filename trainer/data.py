@@ -34,15 +34,15 @@ import json
 import logging
 import os
 import random
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from llava_normaligned.compat import dataset_fingerprint, dataset_indices, dataset_over, write_arrow_file
+from llava_normaligned.families.tokens import IMAGE_TOKEN as IMAGE_TAG  # the tag in LLaVA-format text
 from llava_normaligned.io import write_json_atomic
-from llava_normaligned.tokens import IMAGE_TOKEN as IMAGE_TAG  # the tag in LLaVA-format text
 
 logger = logging.getLogger(__name__)
 
@@ -321,48 +321,29 @@ def _save_dataset(table, features, path: str):
     """Write ``table`` as a datasets Arrow file (atomically: several processes may write the same one) and return
     the dataset memory-mapped from it."""
     from datasets import Dataset
-    from datasets.arrow_writer import ArrowWriter
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.{os.getpid()}.tmp"
-    with ArrowWriter(path=partial, features=features, writer_batch_size=CHUNK_ROWS) as writer:
-        writer.write_table(table)
-        writer.finalize()
+    write_arrow_file(table, features, partial, CHUNK_ROWS)
     os.replace(partial, path)
     return Dataset.from_file(path)
 
 
 def _in_memory_dataset(table, features):
-    from datasets import Dataset
-    from datasets.table import InMemoryTable
-
-    return Dataset(InMemoryTable(table), info=_info(features), fingerprint=_random_fingerprint())
-
-
-def _info(features):
-    from datasets import DatasetInfo
-
-    return DatasetInfo(features=features)
-
-
-def _random_fingerprint() -> str:
-    from datasets.fingerprint import generate_random_fingerprint
-
-    return generate_random_fingerprint()
+    return dataset_over(table, features=features)
 
 
 def with_decode(dataset, column: str, decode: bool):
     """The same rows with ``column`` (a ``List(Image)`` or ``Image``) decoded to PIL on access or not. No data is
     read or copied (``cast_column`` on a list of images rewrites the whole table, gigabytes for embedded images)."""
-    from datasets import Dataset, Image, List
+    from datasets import Image, List
 
     features = dataset.features.copy()
     feature = features[column]
     features[column] = List(Image(decode=decode)) if isinstance(feature, List) else Image(decode=decode)
     if features[column] == feature:
         return dataset
-    return Dataset(dataset.data, info=_info(features), split=dataset.split, indices_table=dataset._indices,
-                   fingerprint=_random_fingerprint())
+    return dataset_over(dataset.data, features=features, split=dataset.split, indices=dataset_indices(dataset))
 
 
 # ------------------------------------------------------------------------------------------------------ images
@@ -508,7 +489,8 @@ def _bad_row(err: DataError, policy: str, report: DataReport) -> None:
 
 def _indices(dataset) -> np.ndarray | None:
     """The dataset's indices mapping (``select``) as numpy, or ``None``."""
-    return None if dataset._indices is None else dataset._indices.column(0).to_numpy()
+    indices = dataset_indices(dataset)
+    return None if indices is None else indices.column(0).to_numpy()
 
 
 def _list_lengths(dataset, column: str) -> np.ndarray:
@@ -540,7 +522,7 @@ def _image_refs(dataset, positions: np.ndarray) -> ImageRefs:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if dataset._indices is not None:
+    if dataset_indices(dataset) is not None:
         raise ValueError("_image_refs reads an un-indexed dataset")
     rows, paths, sizes, where = [], [], [], []
     first = 0
@@ -577,7 +559,8 @@ def _image_refs(dataset, positions: np.ndarray) -> ImageRefs:
 # ----------------------------------------------------------------------------------------------- LLaVA JSON
 
 
-READ_BLOCK = 1 << 24  # bytes read at a time: a JSON file is parsed row by row, never held whole
+READ_BLOCK = 1 << 24  # bytes read at a time where a file is hashed: never held whole
+JSON_BUFFER = 1 << 16  # bytes ijson reads at a time (its default; larger buffers parse slower)
 
 
 def _check_file(path: str) -> None:
@@ -598,87 +581,25 @@ def _parse_json_rows_whole(path: str) -> list:
     return rows
 
 
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-_DELIMITERS = frozenset(" \t\n\r,]")
+def _opens_a_list(handle) -> bool:
+    """Whether the UTF-8 text from ``handle``'s position starts with ``[`` (leading whitespace skipped); the position
+    is left where it was."""
+    start = handle.tell()
+    while (piece := handle.read(4096)) and not piece.strip(b" \t\n\r"):
+        pass
+    handle.seek(start)
+    return piece.lstrip(b" \t\n\r").startswith(b"[")
 
 
-class _TextBlocks:
-    """A file's text, decoded ``block`` bytes at a time: ``text`` holds what is not yet consumed."""
-
-    def __init__(self, handle, block: int, encoding: str):
-        import codecs
-
-        self.handle, self.block = handle, block
-        self.decode = codecs.getincrementaldecoder(encoding)().decode
-        self.text, self.eof = "", False
-
-    def more(self, keep_from: int) -> bool:
-        """Drop ``text[:keep_from]`` and append the next block; ``False`` (nothing changed) at the end of the file."""
-        if self.eof:
-            return False
-        data = self.handle.read(self.block)
-        self.eof = not data
-        self.text = self.text[keep_from:] + self.decode(data, final=self.eof)
-        return True
-
-
-def _list_elements(blocks: _TextBlocks):
-    """Yield the elements of the JSON list in ``blocks``; returns whether the text was one whole list."""
-    skip, scan = _WHITESPACE.match, json.JSONDecoder().scan_once  # scan_once: raw_decode without its wrapper
-
-    def settle(position: int) -> int:  # the next non-whitespace character (-1: the end of the file)
-        while True:
-            position = skip(blocks.text, position).end()
-            if position < len(blocks.text):
-                return position
-            if not blocks.more(position):
-                return -1
-            position = 0
-
-    position = settle(0)
-    if position < 0 or blocks.text[position] != "[":
-        return False
-    position = settle(position + 1)
-    if position >= 0 and blocks.text[position] == "]":
-        return settle(position + 1) < 0
-    while position >= 0:
-        text = blocks.text
-        try:
-            value, end = scan(text, position)
-            # a value ends at a delimiter; "1." or "1.5e" at a piece's end is a number that goes on in the next
-            whole = blocks.eof or (end < len(text) and text[end] in _DELIMITERS)
-        except (StopIteration, json.JSONDecodeError):
-            if blocks.eof:
-                return False
-            whole = False  # most likely cut by the piece's end: read on
-        if not whole:
-            if blocks.more(position):
-                position = 0
-            continue
-        yield value
-        if text.startswith(",", end):  # the common case: the next row follows
-            position = skip(text, end + 1).end()
-            if position >= len(text):
-                position = settle(position)
-            continue
-        position = settle(end)
-        if position < 0:
-            return False
-        if blocks.text[position] == "]":
-            return settle(position + 1) < 0
-        if blocks.text[position] != ",":
-            return False
-        position = settle(position + 1)
-    return False
-
-
-def _iter_json_rows(path: str, block: int = READ_BLOCK):
+def _iter_json_rows(path: str, block: int = JSON_BUFFER):
     """The rows of a LLaVA JSON file (a list) or a JSON-lines file (one object per line), one at a time.
 
-    A ``.json`` list is decoded element by element from ``block``-byte pieces of the file
-    (``json.JSONDecoder.raw_decode``, the C scanner of ``json.loads``): memory holds one piece and the rows not yet
-    converted, never every row's objects at once (``json.loads`` of a 0.86 GB mix665k-shaped file peaks at 4.4 GB).
-    A file that is not one UTF-8 JSON list is handed to ``json.loads`` whole, whose error names the problem."""
+    A UTF-8 ``.json`` list is parsed element by element by ijson (its C backend, yajl2_c) from ``block``-byte pieces
+    of the file: memory holds one piece and one row's objects, never every row's objects at once (``json.loads`` of
+    a 0.86 GB mix665k-shaped file peaks at 3.5 GB RSS, ijson at 13 MiB; ``benchmarks/bench_json_stream.py``). A file
+    ijson does not read to its end as one list is handed to ``json.loads`` whole: its error names the problem, and
+    what it reads that ijson does not (UTF-16/32, ``NaN``) gives its remaining rows. One difference from
+    ``json.loads``: an escaped lone surrogate (``"\\ud800"``, which no UTF-8 text holds) reads as ``?``."""
     if path.endswith(".jsonl"):
         with open(path, "rb") as handle:
             for number, line in enumerate(handle, 1):
@@ -688,21 +609,21 @@ def _iter_json_rows(path: str, block: int = READ_BLOCK):
                     except (json.JSONDecodeError, UnicodeDecodeError) as err:
                         raise DataError(f"{path}, line {number}: not valid JSON ({err})") from None
         return
+    import ijson
+
+    read = 0
     with open(path, "rb") as handle:
         encoding = json.detect_encoding(handle.read(4))
-        handle.seek(0)
-        if encoding in ("utf-8", "utf-8-sig"):
+        handle.seek(3 if encoding == "utf-8-sig" else 0)  # past the byte order mark, which yajl does not take
+        if encoding in ("utf-8", "utf-8-sig") and _opens_a_list(handle):
             try:
-                whole = yield from _list_elements(_TextBlocks(handle, block, encoding))
-            except UnicodeDecodeError:
-                whole = False
-            if whole:
+                for row in ijson.items(handle, "item", use_float=True, buf_size=block):
+                    yield row
+                    read += 1
                 return
-        elif encoding:
-            yield from _parse_json_rows_whole(path)  # UTF-16/32: json.loads reads them
-            return
-    _parse_json_rows_whole(path)  # raises, naming the problem
-    raise DataError(f"{path}: not valid JSON (not one list of rows)")
+            except (ijson.JSONError, UnicodeDecodeError):
+                pass
+    yield from _parse_json_rows_whole(path)[read:]  # raises, naming the problem, for a file that is not a list
 
 
 def _parse_llava_file(rows, path: str, file_index: int, image_folder, columns: _Columns, report: DataReport,
@@ -954,11 +875,10 @@ def _load_hub_dataset(name: str, split: str):
 def _image_only_dataset(images):
     """A one-column dataset ``images`` (``List(Image(decode=False))``) over a ChunkedArray of that storage."""
     import pyarrow as pa
-    from datasets import Dataset, Features, Image, List
-    from datasets.table import InMemoryTable
+    from datasets import Features, Image, List
 
     features = Features({"images": List(Image(decode=False))})
-    return Dataset(InMemoryTable(pa.table({"images": images})), info=_info(features), fingerprint=_random_fingerprint())
+    return dataset_over(pa.table({"images": images}), features=features)
 
 
 def _single_image_as_list(dataset):
@@ -1039,9 +959,9 @@ def load_messages_dataset(
     _check_policy("check_images", check_images, IMAGE_CHECKS)
     start = time.perf_counter()
     dataset = _open_hf_dataset(name_or_path, split)
-    if dataset._indices is not None:
+    if dataset_indices(dataset) is not None:
         dataset = dataset.flatten_indices()
-    fingerprint = dataset._fingerprint  # the cache key of the converted rows
+    fingerprint = dataset_fingerprint(dataset)  # the cache key of the converted rows
     text_column = next((c for c in ("messages", "conversations") if c in dataset.column_names), None)
     if text_column is None:
         raise DataError(

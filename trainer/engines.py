@@ -26,6 +26,8 @@ from __future__ import annotations
 import logging
 import os
 
+from llava_normaligned.compat import deepspeed_op_off, no_split_modules, record_distributed_type
+
 logger = logging.getLogger(__name__)
 
 
@@ -163,12 +165,10 @@ def skip_unused_shm_allreduce(namespace) -> bool:
     if size is not None and str(size) not in ("0", "1"):  # AutoTP asked for ("auto" or a size): keep the op
         return False
     try:
-        import deepspeed.ops
+        import deepspeed.ops  # noqa: F401
     except ImportError:  # accelerate says what is missing when it starts DeepSpeed
         return False
-    compatible = deepspeed.ops.__compatible_ops__  # probed once per process; DeepSpeed reads this dict
-    if compatible.get(SHM_ALLREDUCE_OP):
-        compatible[SHM_ALLREDUCE_OP] = False
+    if deepspeed_op_off(SHM_ALLREDUCE_OP):  # probed once per process; DeepSpeed reads what compat sets
         logger.info("DeepSpeed on the CPU without tensor parallelism: its shared-memory all-reduce op (called only "
                     "by tensor-parallel layers) is not compiled; collectives go through gloo")
     return True
@@ -180,7 +180,6 @@ def take_fsdp_on_cpu(accelerator) -> bool:
     Called right after the Trainer creates its ``Accelerator`` and before anything is prepared. Returns whether
     it switched; a GPU run, or a run not launched with FSDP, is left as it is.
     """
-    from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = accelerator.state
@@ -197,7 +196,7 @@ def take_fsdp_on_cpu(accelerator) -> bool:
     # ``AcceleratorState.__init__``), which put ``MULTI_CPU`` back after ``prepare``: ``accelerator.is_fsdp2`` was then
     # False, and ``load_fsdp_model`` returned on rank 1 without entering rank 0's ``broadcast_from_rank0`` (resume
     # hung). accelerate's own FSDP set-up records the type in ``PartialState`` too.
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    record_distributed_type(DistributedType.FSDP)
     logger.info("FSDP%d on the CPU over gloo (%d processes): parameters are sharded", plugin.fsdp_version,
                 state.num_processes)
     return True
@@ -222,7 +221,7 @@ def fit_fsdp_wrap_classes(plugin, model) -> list[str] | None:
         return None
     wanted = plugin.transformer_cls_names_to_wrap
     if wanted is None:
-        wanted = list(getattr(model, "_no_split_modules", None) or [])
+        wanted = no_split_modules(model)
     present = {type(module).__name__ for module in model.modules()}
     kept = [name for name in wanted if name in present]
     if not kept:

@@ -7,7 +7,7 @@ adapter would leave the norm's gain, the quantity GWC compensates for, frozen.
 
 from __future__ import annotations
 
-from llava_normaligned.anatomy import LLAVA, Family
+from llava_normaligned.families.anatomy import LLAVA, Family
 
 # The LLaVA family's (stock LLaVA and this package's model; other families: anatomy.FAMILIES).
 LLM_TARGETS = LLAVA.lora_targets()
@@ -20,7 +20,7 @@ def stage2_lora_config(model_args, *, lora_vision: bool = False, family: Family 
 
     Targets the LLM's attention and MLP projections (and the vision tower's with ``lora_vision``) unless
     ``--lora_target_modules`` names others; the projector (``multi_modal_projector``) is always in
-    ``modules_to_save``. Module paths are the ``family``'s (``llava_normaligned.anatomy``).
+    ``modules_to_save``. Module paths are the ``family``'s (``llava_normaligned.families.anatomy``).
     """
     from peft import LoraConfig
 

@@ -35,6 +35,8 @@ import logging
 
 import torch
 
+from llava_normaligned.compat import attn_implementation
+
 logger = logging.getLogger(__name__)
 
 PACKED_SDPA = "llava_normaligned_packed_sdpa"
@@ -73,7 +75,7 @@ def pack_rows(batch: dict, ignore_index: int) -> dict:
 def check_padding_free(model) -> None:
     """Raise ``ValueError`` (one line) where packed rows would be wrong: multimodal RoPE, or an attention
     implementation that ignores packed positions."""
-    from llava_normaligned.anatomy import family_of, unwrap
+    from llava_normaligned.families.anatomy import family_of, unwrap
 
     config = unwrap(model).config
     family = family_of(config)
@@ -83,7 +85,7 @@ def check_padding_free(model) -> None:
         name = family.name if family is not None else config.model_type
         raise ValueError(f"--padding_free: {name} places image tokens with multimodal RoPE (3-D positions), which a "
                          "packed row's restarting positions cannot express; train it with padded batches")
-    implementation = text._attn_implementation
+    implementation = attn_implementation(text)
     if not (implementation in PACKED_AWARE or "flash" in str(implementation)):
         raise ValueError(f"--padding_free: the LLM's attention implementation {implementation!r} ignores packed "
                          f"positions (rows would attend to each other); use one of {', '.join(PACKED_AWARE[:3])} or "
@@ -167,11 +169,11 @@ def packed_attention(model, enabled: bool = True):
     """While training padding-free: an sdpa LLM with plain causal attention runs it row by row (``PACKED_SDPA``);
     its implementation is restored on exit (what is saved names transformers' own). Other implementations already
     handle packed rows and are left as they are."""
-    from llava_normaligned.anatomy import unwrap
+    from llava_normaligned.families.anatomy import unwrap
 
     core = unwrap(model)
     text = core.config.get_text_config() if enabled else None
-    if text is None or text._attn_implementation != "sdpa" or not _plain_causal(text) or text is core.config:
+    if text is None or attn_implementation(text) != "sdpa" or not _plain_causal(text) or text is core.config:
         yield
         return
     _register()

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from llava_normaligned.compat import dataset_fingerprint, dataset_indices, dataset_over
+
 from .masking import ConversationRenderer, FastRenderMismatch
 
 logger = logging.getLogger(__name__)
@@ -172,13 +174,13 @@ def default_num_proc(n_rows: int) -> int | None:
 def unindexed(dataset):
     """(the dataset without its ``select`` indices mapping, the rows it selects in order): the columns are then
     lined up without ``flatten_indices`` (which would copy every image byte)."""
-    from datasets import Dataset
-
-    if dataset._indices is None:
+    indices = dataset_indices(dataset)
+    if indices is None:
         return dataset, np.arange(len(dataset))
-    order = dataset._indices.column(0).to_numpy().astype(np.int64)
-    base = Dataset(dataset.data, info=dataset.info.copy(), split=dataset.split,
-                   fingerprint=hashlib.blake2b(f"{dataset._fingerprint}-base".encode(), digest_size=8).hexdigest())
+    order = indices.column(0).to_numpy().astype(np.int64)
+    base = dataset_over(dataset.data, info=dataset.info.copy(), split=dataset.split,
+                        fingerprint=hashlib.blake2b(f"{dataset_fingerprint(dataset)}-base".encode(),
+                                                    digest_size=8).hexdigest())
     return base, order
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 # PARTS and part_of: callers import them from here too
-from llava_normaligned.anatomy import PARTS, anatomy_of, base_model, part_of
+from llava_normaligned.families.anatomy import PARTS, anatomy_of, base_model, part_of
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 GROUP_ORDER = ("llm", "projector", "vision_tower")
 
 
-llava_base = base_model  # the base model inside a wrapped model (``llava_normaligned.anatomy``)
+llava_base = base_model  # the base model inside a wrapped model (``llava_normaligned.families.anatomy``)
 
 
 def vision_encoder_layers(model):

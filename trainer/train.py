@@ -20,8 +20,8 @@ that LLaVA never reads skipped, ``unused_compute.py``) and saves the final model
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -32,25 +32,24 @@ from dataclasses import dataclass, field
 import torch
 from trl import SFTConfig, SFTTrainer
 
+from llava_normaligned.compat import TrainerHooks
 from llava_normaligned.io import write_json_atomic
+from llava_normaligned.loading import LoadOptions
+from llava_normaligned.part_metrics import gain_statistics, part_gradient_norms, part_parameters
 from llava_normaligned.public_names import hide_local_paths, public_name, public_record
 
 from .arguments import (
     StageConfig,
+    TrainConfig,
+    build_train_config,
     check_chat_template_path,
     check_train_inputs,
     earlier_run,
     make_parser,
-    parse_train_args,
+    read_train_args,
+    setup_environment,
 )
-from .callbacks import (
-    NormTrackingCallback,
-    gain_statistics,
-    norm_records,
-    part_gradient_norms,
-    part_parameters,
-    will_log,
-)
+from .callbacks import NormTrackingCallback, norm_records, will_log
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .engines import (
     cpu_training_threads,
@@ -60,11 +59,11 @@ from .engines import (
     remove_wrapper_sources,
     take_fsdp_on_cpu,
 )
-from .loading import describe_variant
 from .padding_free import check_padding_free, packed_attention
 from .preprocess import prepare_dataset
 from .sampling import grouped_order_for
 from .stages import StageLearningRates, freeze_for_stage, parameter_groups
+from .starting_point import describe_variant
 from .unused_compute import skip_unused_vision_compute
 
 logger = logging.getLogger(__name__)
@@ -96,16 +95,17 @@ class TrainStageResult:
     trainer: object = None
 
 
-class LlavaStageTrainer(SFTTrainer):
+class LlavaStageTrainer(TrainerHooks, SFTTrainer):
     """TRL's ``SFTTrainer`` with one learning rate per part (vision tower, projector, LLM), logged per part, and the
     pre-clip gradient norm of each part.
 
     The optimizer is the one ``args.optim`` names (AdamW by default), built on ``stages.parameter_groups``; the
     scheduler scales every group alike, so the parts keep their ratio (paper Appendix E.1: LLM 1e-5, vision 2e-6).
     At each logging step the logs gain ``learning_rate/<part>`` (the rate the step used) and ``grad_norm/<part>``
-    (``callbacks.part_gradient_norms``, read after the step's last backward, before clipping; the Trainer's
-    ``grad_norm`` is their total). Both are read in ``training_step``, a public hook: no private method of the
-    Trainer is overridden.
+    (``part_metrics.part_gradient_norms``, read after the step's last backward, before clipping; the Trainer's
+    ``grad_norm`` is their total). Both are read in ``training_step``, a public hook. The two private Trainer methods
+    this trainer needs (the training order, an FSDP resume without optimizer tensors) are ``compat.TrainerHooks``'s,
+    which hands them to ``train_sampler`` and ``resume_scheduler_only`` here.
 
     ``clip_per_part=True`` (``StageConfig.clip_per_part``) clips each part's gradient on its own before the Trainer's
     global clipping: see ``clip_parts``. The logs then also hold ``clip_coef/<part>``, each part's factor.
@@ -131,24 +131,18 @@ class LlavaStageTrainer(SFTTrainer):
         if self.is_fsdp_enabled:  # one FSDP config for every LLM / vision family
             fit_fsdp_wrap_classes(self.accelerator.state.fsdp_plugin, self.model)
 
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        super()._save(output_dir, state_dict=state_dict)
-        if self.args.should_save:
-            remove_wrapper_sources(self.model, output_dir if output_dir is not None else self.args.output_dir)
+    def save_model(self, output_dir: str | None = None, *args, **kwargs) -> None:
+        super().save_model(output_dir, *args, **kwargs)
+        folder = output_dir if output_dir is not None else self.args.output_dir
+        if self.args.should_save and os.path.isdir(folder):
+            remove_wrapper_sources(self.model, folder)
 
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        if checkpoint is not None and self.is_fsdp_enabled and not optimizer_keeps_tensors(self.model, self.optimizer):
-            # FSDP: torch cannot load an optimizer without tensor state (SGD without momentum), and there is none
-            from transformers.trainer import SCHEDULER_NAME
+    def resume_scheduler_only(self, checkpoint: str) -> bool:  # compat.TrainerHooks
+        # FSDP: torch cannot load an optimizer without tensor state (SGD without momentum), and there is none
+        return self.is_fsdp_enabled and not optimizer_keeps_tensors(self.model, self.optimizer)
 
-            self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
-            return
-        super()._load_optimizer_and_scheduler(checkpoint)
-
-    def _get_train_sampler(self, train_dataset=None):
-        dataset = self.train_dataset if train_dataset is None else train_dataset
-        grouped = grouped_order_for(dataset, self.args)
-        return grouped if grouped is not None else super()._get_train_sampler(train_dataset)
+    def train_sampler(self, dataset):  # compat.TrainerHooks
+        return grouped_order_for(dataset, self.args)
 
     def resolved_learning_rates(self) -> dict[str, float]:
         return self.learning_rates.resolved(self.args.learning_rate)
@@ -211,7 +205,7 @@ class LlavaStageTrainer(SFTTrainer):
 
 @torch.no_grad()
 def clip_parts(model, norms: dict[str, float], max_grad_norm: float | None) -> dict[str, float]:
-    """Per-part gradient clipping: each part p (``callbacks.part_parameters``) whose pre-clip gradient norm n_p
+    """Per-part gradient clipping: each part p (``part_metrics.part_parameters``) whose pre-clip gradient norm n_p
     exceeds an equal share of the budget, ``max_grad_norm / sqrt(P)`` (P parts with gradients), has its gradient
     multiplied by ``share / (n_p + 1e-6)``; the others are left as they are. The clipped total is then at most
     ``max_grad_norm``, so the Trainer's global clipping that follows changes nothing: a large gradient in one part
@@ -230,38 +224,42 @@ def clip_parts(model, norms: dict[str, float], max_grad_norm: float | None) -> d
     return factors
 
 
-def _check_args(args: SFTConfig) -> SFTConfig:
-    """A copy of ``args`` with the few SFTConfig fields this pipeline owns set, with a log line when the user's value
-    differs. The caller's object is never changed: the same SFTConfig can start several stages."""
+def _check_args(args: SFTConfig) -> None:
+    """What this pipeline refuses in an ``SFTConfig`` (the settings it owns are ``_trainer_args``')."""
     if not isinstance(args, SFTConfig):
         raise TypeError(f"args must be a trl.SFTConfig, got {type(args).__name__}")
-    args = copy.copy(args)  # scalar fields only are set on it (here, _use_chat_template, _ddp_finds_unused)
     if args.packing:
         raise ValueError("--packing: TRL's packing cuts and merges rows across batches, which could cut an image; "
                          "--padding_free True packs each batch's rows into one sequence without padding")
-    owned = {
-        "remove_unused_columns": False,  # the collator needs the prepared columns (rendered text, answer spans)
-        "assistant_only_loss": False,  # answer-only labels come from the collator, for any chat template
-    }
-    changes = {k: v for k, v in owned.items() if getattr(args, k) != v}
-    if changes:
-        logger.info("set %s (answer-only labels and image handling are done by this package's collator)", changes)
-        for key, value in changes.items():
-            setattr(args, key, value)
-    # TRL refuses padding-free batches for images; this package's collator packs the rows itself (padding_free.py),
-    # so TRL is told False and the collator is given the caller's value (prepare_stage)
-    args.padding_free = False
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and not os.path.isdir(resume):
         raise FileNotFoundError(f"resume_from_checkpoint: no such checkpoint folder: {resume}")
-    return args
+
+
+def _trainer_args(args: SFTConfig, *, find_unused: bool) -> SFTConfig:
+    """The ``SFTConfig`` the Trainer is given: the caller's, with the few fields this pipeline owns set
+    (``dataclasses.replace``; a log line when the user's value differs). The caller's object is never changed: the
+    same SFTConfig can start several stages.
+
+    Owned: ``remove_unused_columns`` and ``assistant_only_loss`` off (the collator needs the prepared columns and
+    makes the answer-only labels, for any chat template); ``padding_free`` off (TRL refuses it for images; this
+    package's collator packs the rows itself, ``padding_free.py``, with the caller's value); ``chat_template_path``
+    cleared (``_use_chat_template`` applied it before the rows were rendered; TRL would apply it after, and save a
+    template training never used); ``ddp_find_unused_parameters`` on when ``find_unused`` (``_ddp_finds_unused``)."""
+    owned = {"remove_unused_columns": False, "assistant_only_loss": False}
+    changes = {k: v for k, v in owned.items() if getattr(args, k) != v}
+    if changes:
+        logger.info("set %s (answer-only labels and image handling are done by this package's collator)", changes)
+    pipeline = {"padding_free": False, "chat_template_path": None}
+    if find_unused:
+        pipeline["ddp_find_unused_parameters"] = True
+    return dataclasses.replace(args, **owned, **pipeline)
 
 
 def _use_chat_template(processor, args: SFTConfig, chat_template: str | None) -> None:
     """Put the run's chat template on the processor before any row is rendered, so that the rows are rendered with
-    the template the saved processor carries. ``args.chat_template_path`` (a Jinja file) is read here and cleared on
-    ``args`` (``_check_args``' copy): TRL would otherwise apply it after the rows were rendered, and save a template
-    training never used."""
+    the template the saved processor carries. ``args.chat_template_path`` (a Jinja file) is read here; the Trainer's
+    copy of the settings has it cleared (``_trainer_args``)."""
     path = args.chat_template_path
     if path is not None:
         if chat_template is not None:
@@ -269,7 +267,6 @@ def _use_chat_template(processor, args: SFTConfig, chat_template: str | None) ->
         check_chat_template_path(path)
         with open(path, encoding="utf-8") as handle:
             chat_template = handle.read()
-        args.chat_template_path = None
     if chat_template is None:
         return
     from llava_normaligned.compose import multimodal_chat_template
@@ -288,13 +285,14 @@ def _checkpointing(args: SFTConfig) -> tuple[bool, dict]:
     return bool(enabled), kwargs if isinstance(kwargs, dict) else {}
 
 
-def _ddp_finds_unused(args: SFTConfig, stage: int, prepare_report) -> None:
-    """Stage 2 rows without an image leave the vision tower and the projector without gradients on the process
-    that holds them: DDP must look for unused parameters. transformers turns that off under gradient checkpointing
-    (TRL's default), so it is turned on here (non-reentrant checkpointing allows it); reentrant checkpointing
-    cannot have it, and is refused for such data."""
+def _ddp_finds_unused(args: SFTConfig, stage: int, prepare_report) -> bool:
+    """Whether the Trainer must have ``ddp_find_unused_parameters=True`` (``_trainer_args`` sets it): stage 2 rows
+    without an image leave the vision tower and the projector without gradients on the process that holds them, so
+    DDP must look for unused parameters. transformers turns that off under gradient checkpointing (TRL's default),
+    so it is turned on (non-reentrant checkpointing allows it); reentrant checkpointing cannot have it, and is
+    refused for such data. A value the user set is kept."""
     if stage != 2 or not prepare_report.text_only_rows or args.ddp_find_unused_parameters is not None:
-        return
+        return False
     checkpointing, kwargs = _checkpointing(args)
     if checkpointing and kwargs.get("use_reentrant"):
         if args.world_size > 1:
@@ -303,17 +301,17 @@ def _ddp_finds_unused(args: SFTConfig, stage: int, prepare_report) -> None:
                 "gradients, which reentrant gradient checkpointing cannot allow; drop use_reentrant=True (the "
                 "default, non-reentrant checkpointing, works) or set ddp_find_unused_parameters yourself"
             )
-        return
-    args.ddp_find_unused_parameters = True
+        return False
     if args.world_size > 1:
         logger.info("ddp_find_unused_parameters=True: %d text-only rows leave the vision tower without gradients",
                     prepare_report.text_only_rows)
+    return True
 
 
 def _projector_in_vision_dtype(model) -> None:
     """Keep the trained projector copy in the vision tower's dtype. For a quantized base TRL casts every trainable
     parameter to bf16 (QLoRA's adapters); the projector, trained fully, takes the vision features as they come."""
-    from llava_normaligned.anatomy import anatomy_of
+    from llava_normaligned.families.anatomy import anatomy_of
 
     anatomy = anatomy_of(model)
     dtype = anatomy.vision_dtype()
@@ -391,7 +389,7 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
     return public_record({
         "stage": stage,
         "model_class": type(base).__name__,
-        "base_model": public_name(getattr(base.config, "_name_or_path", None)),
+        "base_model": public_name(getattr(base.config, "name_or_path", None)),
         "variant": describe_variant(base),
         "learning_rates": {part: lr for part, lr in trainer.resolved_learning_rates().items()
                            if any(str(g.get("name", "")).startswith(part) for g in trainer.optimizer.param_groups)},
@@ -488,8 +486,8 @@ def prepare_stage(
     stage = config.stage
     if peft_config is not None and stage == 1:
         raise ValueError("stage 1 trains the projector fully: LoRA/QLoRA (peft_config) is for stage 2")
-    padding_free = bool(args.padding_free)  # TRL's copy says False: it refuses it for images, the collator packs
-    args = _check_args(args)
+    padding_free = bool(args.padding_free)  # the Trainer is told False (TRL refuses it for images): the collator packs
+    _check_args(args)
     if padding_free:
         check_padding_free(model)
     _use_chat_template(processor, args, chat_template)
@@ -501,7 +499,7 @@ def prepare_stage(
     prepared, prepare_report = _prepare_rows(train_dataset, processor, args, stage=stage, config=config)
     if eval_dataset is not None:
         eval_dataset, _ = _prepare_rows(eval_dataset, processor, args, stage=2, config=config)
-    _ddp_finds_unused(args, stage, prepare_report)
+    args = _trainer_args(args, find_unused=_ddp_finds_unused(args, stage, prepare_report))  # once: then only read
     collator = LlavaTrainingCollator(
         processor, max_length=args.max_length, on_bad_image=config.on_bad_image,
         pad_to_multiple_of=args.pad_to_multiple_of, padding_free=padding_free, report_skips=True,
@@ -565,7 +563,7 @@ def train_stage(model, processor, train_dataset, *, args: SFTConfig, stage: int 
         args: a ``trl.SFTConfig``. ``output_dir``, batch sizes, schedule, precision, ``max_length`` (rows longer are
             dropped or refused, never truncated), ``resume_from_checkpoint`` and ``chat_template_path`` (a Jinja
             file, applied before the rows are rendered and saved with the processor) are read from it. It is not
-            changed: the fields this pipeline owns are set on a copy.
+            changed: the fields this pipeline owns are set on the Trainer's copy (``dataclasses.replace``).
         stage: a ``StageConfig``, or just the stage number (1: projector + norm train, vision tower and LLM frozen;
             2: all train) for ``StageConfig``'s defaults.
         eval_dataset: rows like ``train_dataset``, evaluated per ``args.eval_strategy`` (answer-only loss).
@@ -619,21 +617,18 @@ def _load_data(stage_args, image_checker):
     return load_messages_dataset(stage_args.dataset_name, split=stage_args.dataset_split, **common)
 
 
-def _load_model(stage_args, model_args, sft_args):
-    from .loading import apply_norm_variant, compose_for_stage1, load_checkpoint
+def _load_model(config: TrainConfig, load: LoadOptions | None = None):
+    """The model and processor the stage starts from: the checkpoint, loaded with the run's ``LoadOptions``
+    (``config.load``, or ``load``), or for stage 1 without one a vision encoder and a causal LM composed; then the
+    run's norm variant applied."""
+    from .starting_point import apply_norm_variant, compose_for_stage1
 
+    stage_args, load = config.stage_args, load or config.load
     variant = stage_args.variant()
-    trust_remote_code = sft_args.trust_remote_code or None  # TRL's default False: the loader's default (None)
-    if stage_args.model is None:
-        return compose_for_stage1(stage_args.vision_model, stage_args.text_model, variant, dtype=model_args.dtype,
-                                  trust_remote_code=trust_remote_code)
-    quantization = "4bit" if model_args.load_in_4bit else "8bit" if model_args.load_in_8bit else None  # QLoRA only
-    # 4-bit is always double-quantized (llava_normaligned.loading.quantization_config): --use_bnb_nested_quant is moot
-    model, processor = load_checkpoint(
-        stage_args.model, revision=model_args.model_revision, dtype=model_args.dtype,
-        trust_remote_code=trust_remote_code, attn_implementation=model_args.attn_implementation,
-        quantization=quantization, quant_type=model_args.bnb_4bit_quant_type,
-    )
+    if load is None:
+        return compose_for_stage1(stage_args.vision_model, stage_args.text_model, variant,
+                                  dtype=config.model_args.dtype, trust_remote_code=config.sft_args.trust_remote_code)
+    model, processor = load.load()
     apply_norm_variant(model, stage=stage_args.stage, **variant)
     return model, processor
 
@@ -672,6 +667,13 @@ def _interrupted(output) -> str:
     return f"interrupted (Ctrl-C) before the first checkpoint; {output.describe()}"
 
 
+def _redacted(value):
+    """A configuration as logged: the values of ``*token`` keys (``--hub_token``) replaced, as transformers does."""
+    if isinstance(value, dict):
+        return {k: f"<{k.upper()}>" if str(k).endswith("token") and v else _redacted(v) for k, v in value.items()}
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """``llava-normaligned train``: parse and check every argument, load, prepare (errors up to here are bad input:
     one line, exit code 2), then train one stage and save (errors there are raised with their traceback). When the
@@ -683,14 +685,18 @@ def main(argv: list[str] | None = None) -> int:
     from .lora import merge_adapter, stage2_lora_config
     from .masking import TemplateError
 
-    # INFO until the arguments say otherwise: what parsing adjusts (CPU float32, the global batch) is shown
+    # INFO until the arguments say otherwise: the environment set-up and what is derived (CPU float32, the global
+    # batch) are shown
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     bad_input = (DataError, TemplateError, FileNotFoundError, ValueError)
     try:
-        stage_args, sft_args, model_args, config_files = parse_train_args(argv)
-        check_train_inputs(stage_args, sft_args, model_args)
+        request = read_train_args(argv)  # parse
+        setup_environment(request.environment)  # the recipes' env: keys, logged; before the devices are read
+        config = build_train_config(request)  # validate, derive: once; only read from here on
+        check_train_inputs(config.stage_args, config.sft_args, config.model_args)
     except bad_input as err:
         return fail("train", err)
+    stage_args, sft_args, model_args = config.stage_args, config.sft_args, config.model_args
     # one process removes what a failed or stopped run left (a folder it created, holding no checkpoint)
     main_process = int(os.environ.get("RANK", "0")) == 0
     prepared = None
@@ -699,14 +705,15 @@ def main(argv: list[str] | None = None) -> int:
                                  keep=lambda folder: not main_process or bool(earlier_run(folder))) as output:
             _configure_logging(sft_args)
             _cpu_threads(sft_args)
-            model, processor = _load_model(stage_args, model_args, sft_args)
+            logger.info("configuration: %s", json.dumps(_redacted(config.describe()), default=str))
+            model, processor = _load_model(config)
             dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
             peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision) \
                 if model_args.use_peft else None
             prepared = prepare_stage(
                 model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
                 data_report=data_report,
-                run_info={"config_files": config_files, "argv": list(sys.argv[1:] if argv is None else argv),
+                run_info={"config_files": list(config.config_files), "argv": list(sys.argv[1:] if argv is None else argv),
                           "model": public_name(stage_args.model) if stage_args.model else
                           f"{public_name(stage_args.vision_model)} + {public_name(stage_args.text_model)}"},
             )
@@ -714,8 +721,7 @@ def main(argv: list[str] | None = None) -> int:
             if peft_config is not None and stage_args.merge_adapter and result.trainer.is_world_process_zero():
 
                 def unquantized_base():
-                    return _load_model(dataclasses.replace(stage_args), dataclasses.replace(
-                        model_args, load_in_4bit=False, load_in_8bit=False), sft_args)[0]
+                    return _load_model(config, dataclasses.replace(config.load, quantization=None))[0]
 
                 merged = merge_adapter(result.model, os.path.join(result.output_dir, "merged"), processor,
                                        unquantized_base)

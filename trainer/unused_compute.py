@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 
+from llava_normaligned.compat import forwards_replaced
+
 from .stages import deepest_feature_layer, llava_base, vision_encoder_layers
 
 logger = logging.getLogger(__name__)
@@ -41,16 +43,11 @@ def skip_unused_vision_compute(model, enabled: bool = True):
     """Within the context, unused vision layers pass their input through and the pooling head is skipped."""
     layers, heads = unused_vision_modules(model) if enabled else ([], [])
     patched = [(module, _pass_through) for module in layers] + [(module, _no_pooling) for module in heads]
-    for module, replacement in patched:
-        module.forward = replacement  # an instance attribute: nn.Module.__call__ (and its hooks) call it
-    if patched:
-        logger.info("training skips %d vision layer(s) and %d pooling head(s) whose outputs LLaVA never reads",
-                    len(layers), len(heads))
-    try:
+    with forwards_replaced(patched):  # back to the class's forward on exit
+        if patched:
+            logger.info("training skips %d vision layer(s) and %d pooling head(s) whose outputs LLaVA never reads",
+                        len(layers), len(heads))
         yield
-    finally:
-        for module, _ in patched:
-            del module.forward  # back to the class's forward
 
 
 __all__ = ["skip_unused_vision_compute", "unused_vision_modules"]

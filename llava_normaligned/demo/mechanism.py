@@ -19,9 +19,9 @@ CURVES = ("norm", "cos_to_prev")
 def layer_profile(model, processor, rows, n: int) -> dict:
     """``{"layers": [0..L], "vision": {"norm": [...], "cos_to_prev": [...]}, "text": {...}}`` for the first ``n``
     test rows (layer 0: the LLM's input; ``cos_to_prev`` is None there)."""
-    from llava_normaligned.diagnostics.probe_points import locate
     from llava_normaligned.diagnostics.probes import LayerStats
     from llava_normaligned.diagnostics.taps import ResidualTap
+    from llava_normaligned.families.probe_points import locate
     from llava_normaligned.generation import prepare_inputs
 
     rows = rows[:n]

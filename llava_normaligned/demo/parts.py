@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from llava_normaligned.norm_variant import NormVariant
 from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, tiny_text_model, train_tokenizer
 from modeling_llava_normaligned import text_embedding_norm_target
 
@@ -50,13 +51,11 @@ EXTRA_WORDS = ("user", "assistant", "system", "Scene", ":")
 
 @dataclass
 class Variant:
-    """One row of the paper's Table 4 ablation: the projector-norm fields of ``LlavaNormAlignedConfig``."""
+    """One row of the paper's Table 4 ablation: its projector norm (``NormVariant``), and how stage 2 trains."""
 
     name: str  # as printed in the tables
     key: str  # folder name
-    projector_norm: str | None
-    norm_init: str = "target"
-    gradient_compensation: bool = False
+    norm: NormVariant
     # how stage 2 trains (the same model fields can train two ways): the Trainer's global clipping threshold
     # (``max_grad_norm``; 0 = no clipping) and ``StageConfig.clip_per_part``. Stage 1 always trains with the
     # defaults (clipping at 1.0, globally): there only the projector and its norm train, so there is no LLM step
@@ -65,8 +64,8 @@ class Variant:
     clip_per_part: bool = False
 
     def config_fields(self) -> dict:
-        return {"projector_norm": self.projector_norm, "norm_init": self.norm_init,
-                "gradient_compensation": self.gradient_compensation}
+        """The model's projector-norm options, as the row's result records them."""
+        return self.norm.config_kwargs()
 
     def training_fields(self) -> dict:
         return {"max_grad_norm": self.max_grad_norm, "clip_per_part": self.clip_per_part, "applies_to": "stage 2"}
@@ -76,22 +75,25 @@ class Variant:
         return tuple(sorted(self.config_fields().items()))
 
 
+NO_NORM = NormVariant(projector_norm=None, gradient_compensation=False)
+DEFAULT_INIT = NormVariant(norm_init="default", gradient_compensation=False)
+TARGET_INIT = NormVariant(norm_init="target", gradient_compensation=False)
+TARGET_INIT_GWC = NormVariant(norm_init="target", gradient_compensation=True)
 VARIANTS = (
-    Variant("w/o Norm", "no_norm", None),
-    Variant("w/ Norm, default init", "norm_default_init", "layernorm", "default", False),
-    Variant("w/ Norm, target init (w/o GWC)", "norm_target_init", "layernorm", "target", False),
-    Variant("w/ Norm, target init (w/ GWC)", "norm_target_init_gwc", "layernorm", "target", True),
+    Variant("w/o Norm", "no_norm", NO_NORM),
+    Variant("w/ Norm, default init", "norm_default_init", DEFAULT_INIT),
+    Variant("w/ Norm, target init (w/o GWC)", "norm_target_init", TARGET_INIT),
+    Variant("w/ Norm, target init (w/ GWC)", "norm_target_init_gwc", TARGET_INIT_GWC),
 )
 # Beside the paper's four: GWC with per-part clipping (the steadier alternative, recipe
 # ``ablation_norm-target-init-part-clip-gwc``), and target init with and without GWC trained without clipping
 # (what GWC changes under AdamW when the global clipping cannot couple the parts); each in stage 2, continuing from
 # the stage-1 run of the paper's row with the same model fields.
 EXTRA_VARIANTS = (
-    Variant("w/ Norm, target init (w/ GWC), per-part clipping", "norm_target_init_gwc_part_clip", "layernorm",
-            "target", True, clip_per_part=True),
-    Variant("w/ Norm, target init (w/o GWC), no clipping", "norm_target_init_noclip", "layernorm", "target", False,
-            max_grad_norm=0.0),
-    Variant("w/ Norm, target init (w/ GWC), no clipping", "norm_target_init_gwc_noclip", "layernorm", "target", True,
+    Variant("w/ Norm, target init (w/ GWC), per-part clipping", "norm_target_init_gwc_part_clip", TARGET_INIT_GWC,
+            clip_per_part=True),
+    Variant("w/ Norm, target init (w/o GWC), no clipping", "norm_target_init_noclip", TARGET_INIT, max_grad_norm=0.0),
+    Variant("w/ Norm, target init (w/ GWC), no clipping", "norm_target_init_gwc_noclip", TARGET_INIT_GWC,
             max_grad_norm=0.0),
 )
 
@@ -204,7 +206,7 @@ def compose_variant(parts: Parts, variant: Variant, seed: int = 0):
     from llava_normaligned.compose import compose
 
     model, processor = compose(parts.vision_dir, parts.text_dir, vision_feature_layer=-1, seed=seed,
-                               **variant.config_fields())
+                               norm_variant=variant.norm)
     draw_projector(model, seed)
     return model, processor
 

@@ -140,7 +140,7 @@ def optimizer_table(rows: list[dict]) -> list[str]:
     """Stage 2, mean over the logged steps and the seeds: pre-clip gradient norms, the global clip coefficient and
     the update sizes ||delta theta|| / ||theta|| per part. The total is the Trainer's ``grad_norm``, the norm its
     global clipping sees: under per-part clipping that is after the parts were clipped (marked †, and explained
-    below the table with the total before, ``stats.parts_total``)."""
+    below the table with the total before, ``hub_cards.card.parts_total``)."""
     lines = ["| Method | max_grad_norm | per-part clip | pre-clip grad norm: total (vision / projector / norm / LLM) "
              "| clip coef | update size: vision / projector / norm / LLM |", "| --- | --- | --- | --- | --- | --- |"]
     notes = []
@@ -183,8 +183,9 @@ def _by_key(rows: list[dict]) -> dict:
 def gwc_finding(rows: list[dict], contrasts: list[dict]) -> dict | None:
     """What GWC changed under AdamW in one demo run, as numbers: stage-2 means over the logged steps and the seeds
     (``optimizer_step``) of target init with and without GWC, with and without clipping, and the paired accuracy
-    contrasts. None when the run lacks those rows. The model card states it from ``assets/demo_gwc.json``, which
-    holds this dict for the run the docs quote (``python -m llava_normaligned.demo.report``)."""
+    contrasts. None when the run lacks those rows. The demo's model card states it (``write_gwc_note``) from
+    ``assets/demo_gwc.json``, which holds this dict for the run the docs quote (``python -m
+    llava_normaligned.demo.report``)."""
     rows_by = _by_key(rows)
     need = ("norm_target_init", "norm_target_init_gwc", "norm_target_init_noclip", "norm_target_init_gwc_noclip")
     if not all(k in rows_by for k in need):
@@ -732,7 +733,7 @@ def write_gwc_asset(results: dict, path: str | None = None, command: str = DEMO_
     if finding is None:
         raise ValueError("results.json lacks the rows of the GWC ablation (target init with/without GWC, clipping)")
     record = {"about": "What GWC did under AdamW in the CPU demo the docs quote (llava_normaligned.demo.report."
-                       "gwc_finding of its results.json); the model card's norm-tracking section states it.",
+                       "gwc_finding of its results.json); the demo's model card states it.",
               "command": command, "finding": finding}
     with open(path or GWC_ASSET, "w", encoding="utf-8") as handle:
         json.dump(record, handle, indent=1)
@@ -748,13 +749,41 @@ def read_gwc_asset(path: str | None = None) -> dict | None:
         return None
 
 
+def demo_gwc_text(asset: dict | None = None) -> str | None:
+    """The package's measured CPU-demo finding on GWC under AdamW, in words, from ``asset`` (default: the shipped
+    ``assets/demo_gwc.json``, written from the run the docs quote by ``--write-asset``); None without a finding."""
+    asset = asset if asset is not None else read_gwc_asset()
+    if not asset or not asset.get("finding"):
+        return None
+    finding = asset["finding"]
+    seeds = finding.get("seeds") or []
+    steps = finding.get("steps") or {}
+    scope = ", ".join(x for x in (
+        f"{len(seeds)} seeds" if seeds else "",
+        f"{finding['llm_layers']}-layer LLM" if finding.get("llm_layers") else "",
+        f"{steps.get('stage1')} + {steps.get('stage2')} steps" if steps else "") if x)
+    return (f"In the package's CPU demo (`{asset.get('command', 'llava-normaligned demo')}`"
+            f"{'; ' + scope if scope else ''}; target init with and without GWC, each with clipping at 1.0 and "
+            f"without): {gwc_finding_text(finding)}")
+
+
+def write_gwc_note(folder: str) -> str | None:
+    """Give the demo's checkpoint folder its card note (``hub_cards.card.CARD_NOTES``): the demo's GWC finding, which
+    its card states under the run's own GWC numbers (a card renders a note only for a checkpoint trained with GWC).
+    Cards of other checkpoints carry no such note. Returns the note's path, or None without a finding."""
+    from llava_normaligned.hub_cards.card import write_card_notes
+
+    text = demo_gwc_text()
+    return str(write_card_notes(folder, {"gwc": text})) if text else None
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m llava_normaligned.demo.report",
         description="Print the README's / docs' excerpt of a demo run's results.json; --write-asset also keeps its "
-                    "GWC finding for the model card (llava_normaligned/assets/demo_gwc.json).")
+                    "GWC finding for the demo's model card (llava_normaligned/assets/demo_gwc.json).")
     parser.add_argument("results", help="a demo run's results.json")
     parser.add_argument("--write-asset", action="store_true")
     args = parser.parse_args(argv)

@@ -246,7 +246,7 @@ def probe_pixels(processor, rows, n: int) -> torch.Tensor:
 
 
 def norm_ratio(model, pixels) -> float:
-    from llava_normaligned.trainer.callbacks import vision_text_norm_ratio
+    from llava_normaligned.part_metrics import vision_text_norm_ratio
 
     return vision_text_norm_ratio(model, pixels)["vision_text_ratio"]
 
@@ -296,7 +296,7 @@ def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths:
                position: tuple[int, int], progress: bool, seed: int) -> dict:
     """Stage 1 of ``variant`` with ``seed``: the starting point of every row in its ``stage1_group`` (returned with
     the trained weights, so that each of them continues from a copy)."""
-    from llava_normaligned.trainer.callbacks import gain_statistics
+    from llava_normaligned.part_metrics import gain_statistics
 
     folder = paths.run(variant.key, seed)
     start = time.perf_counter()
@@ -325,7 +325,7 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
     is then not trained again); None: train stage 1 here."""
     if stage1 is None:
         stage1 = run_stage1(variant, parts, datasets, test_rows, paths, config, position, progress, seed)
-    from llava_normaligned.trainer.callbacks import gain_statistics
+    from llava_normaligned.part_metrics import gain_statistics
 
     folder = paths.run(variant.key, seed)
     start = time.perf_counter()
@@ -555,8 +555,8 @@ def run_tasks(tasks: list[Task], paths: DemoPaths, config: DemoConfig, workers: 
     """Run the unfinished tasks, in this process (``workers`` 1, or one task left: ``local(task)``) or in
     ``workers`` spawned processes, longest first. Every run is seeded and single-threaded, so its numbers do not
     depend on where or in which order it runs. Returns each row key's runs in seed order."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     done = {}
     pending = []
@@ -593,8 +593,11 @@ def aggregate(runs: list[dict], baseline: list[dict] | None) -> dict:
     itself), and the means over seeds of the norm ratios, Table 5 statistics, optimizer-step statistics and
     per-layer profiles. The norm-tracking curves (figures) and ``checkpoint`` are the first seed's; ``per_seed``
     names each seed's checkpoint (``best_model/`` holds the best seed's, ``pick_best_seed``)."""
+    from llava_normaligned.hub_cards.card import mean_of as _mean
+    from llava_normaligned.hub_cards.card import optimizer_step_stats
+
     from .mechanism import mean_profiles
-    from .stats import mean_interval, mean_of as _mean, optimizer_step_stats, paired_difference
+    from .stats import mean_interval, paired_difference
 
     first = runs[0]
     row = {k: first[k] for k in ("name", "key", "recipe", "model_class", "variant", "training", "steps", "checkpoint",
@@ -677,7 +680,7 @@ def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
     and moved into place."""
     from llava_normaligned.hub_cards.card import CardOptions, render_card
 
-    from .report import FIGURES_DIR, render_markdown
+    from .report import FIGURES_DIR, render_markdown, write_gwc_note
 
     run = pick_best_seed(best)
     source = os.path.join(paths.root, run["checkpoint"])
@@ -699,6 +702,7 @@ def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
         with open(os.path.join(evaluation, "results.md"), "w", encoding="utf-8") as handle:
             handle.write(render_markdown(results))
         shutil.copytree(os.path.join(paths.root, FIGURES_DIR), os.path.join(evaluation, FIGURES_DIR))
+        write_gwc_note(target)  # the demo's GWC finding, stated under its card's GWC numbers (card_notes.json)
         render_card(target, CardOptions(license="apache-2.0", tags=("demo", "synthetic"))).save(
             os.path.join(target, "README.md"))
         if os.path.exists(paths.best):
@@ -778,6 +782,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     one, the progress bars of the runs are off (their headers stay)."""
     workers = default_workers() if workers is None else workers
     from llava_normaligned.trainer.data import load_llava_json
+
     from .report import write_figures, write_tables
 
     _require_matplotlib()  # the figures come last: fail now, not after the training

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm.auto import tqdm
 
+from llava_normaligned.evaluation.prompts import without_image_tags
 from llava_normaligned.generation import generate_batch
 
 from . import synthetic
@@ -42,7 +43,7 @@ def load_test_rows(test_json: str, image_folder: str) -> list[TestRow]:
     rows = []
     for index, record in enumerate(records):
         try:
-            question = record["conversations"][0]["value"].replace("<image>", "").strip()
+            question = without_image_tags(record["conversations"][0]["value"])
             answer = record["conversations"][1]["value"]
             rows.append(TestRow(record["template"], question, answer, os.path.join(image_folder, record["image"])))
         except (KeyError, IndexError, TypeError) as err:

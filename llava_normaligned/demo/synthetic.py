@@ -290,8 +290,10 @@ def text_only_accuracy(records: list[dict]) -> dict[str, float]:
 
 
 def _question_answer(record: dict) -> tuple[str, str]:
+    from llava_normaligned.evaluation.prompts import without_image_tags
+
     turns = record["conversations"]
-    return turns[0]["value"].replace("<image>", "").strip(), turns[1]["value"]
+    return without_image_tags(turns[0]["value"]), turns[1]["value"]
 
 
 # --------------------------------------------------------------------------------------------------- writing
@@ -415,8 +417,11 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.console import check_output_folder, fail
-    from llava_normaligned.console import progress_bars_on_terminals_only  # bars on a terminal only
+    from llava_normaligned.console import (
+        check_output_folder,
+        fail,
+        progress_bars_on_terminals_only,  # bars on a terminal only
+    )
 
     parser = make_parser()
     args = parser.parse_args(argv)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from llava_normaligned.console import BadInput, check_numbers, check_output_folder, fail
+from llava_normaligned.loading import LoadOptions, add_load_flags
 
 from .config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
 
@@ -39,19 +40,9 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--top-k", type=int, default=10, help="largest text-embedding rows to list (default 10)")
     group.add_argument("--batch-size", type=int, default=4,
                        help="image-prompt pairs per forward pass, and the batch --estimate-memory assumes (default 4)")
-    group = parser.add_argument_group("loading")
-    group.add_argument("--revision", default=None, help="branch, tag or commit of MODEL on the Hub (default: main)")
+    group = add_load_flags(parser, quantization=False, attn_implementation=False)
     group.add_argument("--baseline-revision", default=None,
                        help="branch, tag or commit of --baseline on the Hub (default: main)")
-    group.add_argument("--device", default="auto",
-                       help="auto (default: the first GPU found, else cpu), cpu, cuda, cuda:1, mps, xpu")
-    group.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: as stored)")
-    trust = group.add_mutually_exclusive_group()  # neither: None, transformers' own resolution
-    trust.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True,
-                       default=None, help="run a checkpoint's own code (not needed for this package's models); "
-                       "review it first and pin --revision to a commit hash")
-    trust.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_const", const=False,
-                       help="refuse checkpoint code without asking")
     group = parser.add_argument_group("output")
     group.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG figures")
     group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -65,18 +56,18 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _compare_embeddings(args) -> int:
+def _compare_embeddings(args, options: LoadOptions) -> int:
     from llava_normaligned.loading import check_source
 
     from .embeddings import compare_embeddings, render, write
 
-    check_source(args.model, "model", revision=args.revision)  # both before either table is read
+    check_source(options.source, "model", revision=options.revision)  # both before either table is read
     check_source(args.compare_embeddings, "--compare-embeddings", revision=args.base_revision)
     if args.output_dir:
         check_output_folder("--output-dir", args.output_dir)
 
-    comparison = compare_embeddings(args.model, args.compare_embeddings, revision=args.revision,
-                                    base_revision=args.base_revision, trust_remote_code=args.trust_remote_code,
+    comparison = compare_embeddings(options.source, args.compare_embeddings, revision=options.revision,
+                                    base_revision=args.base_revision, trust_remote_code=options.trust_remote_code,
                                     top_k=args.top_k)
     print(render(comparison), end="")
     if args.output_dir:
@@ -85,36 +76,24 @@ def _compare_embeddings(args) -> int:
     return 0
 
 
-def _estimate_memory(args) -> int:
+def _estimate_memory(args, options: LoadOptions) -> int:
     from llava_normaligned.loading import load_config
 
     from .memory import estimate
 
     try:
-        config = load_config(args.model, revision=args.revision, trust_remote_code=args.trust_remote_code)
+        config = load_config(options.source, revision=options.revision, trust_remote_code=options.trust_remote_code)
     except (ValueError, OSError) as err:
-        raise DiagnosticsError(f"cannot read the config of {args.model!r}: {err}") from err
+        raise DiagnosticsError(f"cannot read the config of {options.source!r}: {err}") from err
     if not hasattr(config, "text_config"):
-        raise DiagnosticsError(f"{args.model!r} is not a vision-language model: its config has no text_config")
+        raise DiagnosticsError(f"{options.source!r} is not a vision-language model: its config has no text_config")
+    dtype = "bfloat16" if options.dtype in (None, "auto") else options.dtype  # "as stored": estimated for bf16
     try:
-        result = estimate(config, args.dtype or "bfloat16", args.batch_size, args.max_new_tokens)
-    except ValueError as err:  # an unknown --dtype
+        result = estimate(config, dtype, args.batch_size, args.max_new_tokens)
+    except ValueError as err:  # a dtype the estimate has no size for
         raise DiagnosticsError(f"--dtype: {err}") from err
-    print(f"{args.model}: {result.describe()}")
+    print(f"{options.source}: {result.describe()}")
     return 0
-
-
-def _check_device_and_dtype(args) -> None:
-    """--device and --dtype name something this package runs on (whether the device is there is known on loading)."""
-    from llava_normaligned.loading import parse_device, parse_dtype
-
-    try:
-        if args.dtype is not None:
-            parse_dtype(args.dtype)
-        if args.device != "auto":
-            parse_device(args.device)
-    except ValueError as err:  # "dtype: ..." / "device: ..."
-        raise DiagnosticsError(f"--{err}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,15 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_numbers(args, NUMBERS, error=DiagnosticsError)
-        _check_device_and_dtype(args)
+        options = LoadOptions.from_args(args)  # --device, --dtype: names this package runs on
         if args.estimate_memory:
-            return _estimate_memory(args)
+            return _estimate_memory(args, options)
         if args.compare_embeddings:
-            return _compare_embeddings(args)
+            return _compare_embeddings(args, options)
         if not args.output_dir:
             raise DiagnosticsError("--output-dir is required: the folder to write the diagnostics to")
         config = DiagnoseConfig(
-            model=args.model,
+            model=options.source,
             output_dir=args.output_dir,
             baseline=args.baseline,
             images=args.images,
@@ -140,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             max_new_tokens=args.max_new_tokens,
             top_k=args.top_k,
             batch_size=args.batch_size,
-            device=args.device,
-            dtype=args.dtype,
-            revision=args.revision,
+            device=options.device,
+            dtype=options.dtype,
+            revision=options.revision,
             baseline_revision=args.baseline_revision,
-            trust_remote_code=args.trust_remote_code,
+            trust_remote_code=options.trust_remote_code,
             plots=args.plots,
             progress=args.progress,
         )

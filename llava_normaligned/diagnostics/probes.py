@@ -11,9 +11,8 @@ import math
 
 import torch
 
+from llava_normaligned.families.probe_points import ProbePoints
 from modeling_llava_normaligned import TEXT_NORM_EPS, embedding_row_norms, text_embedding_norm_target
-
-from .probe_points import ProbePoints
 
 # vision: image tokens; text: the tokens of the prompt's own text; template: the other non-padding tokens (BOS, chat
 # template markers and role names: attention sinks whose norms can dwarf the text's); all: vision + text, the

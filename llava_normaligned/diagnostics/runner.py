@@ -18,12 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from llava_normaligned.console import BadInput, check_output_folder
+from llava_normaligned.families.anatomy import AnatomyError
+from llava_normaligned.families.probe_points import ProbePoints, locate
 from llava_normaligned.generation import placeholder_token_ids
 
 from . import blog, passes, probes
 from .config import DiagnoseConfig, DiagnosticsError
 from .inputs import Batch, Sample
-from .probe_points import ProbePoints, locate
 from .readings import directions
 from .taps import AttentionTap, DeepstackTap, ProjectorTap, ResidualTap, eager_attention
 from .theory import compare_rotation
@@ -65,10 +66,8 @@ def check_model(model_id: str, revision: str | None, config: DiagnoseConfig, wha
 def load(model_id: str, revision: str | None, config: DiagnoseConfig):
     """(model, processor) of a Hub id or folder; a DiagnosticsError for every way loading can fail (config, device,
     missing package, not a vision-language model)."""
-    from llava_normaligned.anatomy import AnatomyError
+    from llava_normaligned.families.processors import ProcessorUnavailable
     from llava_normaligned.loading import load_model
-
-    from .family_inputs import ProcessorUnavailable
 
     check_model(model_id, revision, config)
     try:
@@ -328,9 +327,12 @@ def summarise(acc: Accumulators, text_norm: dict, samples: list[Sample]) -> dict
 def probe_model(model, processor, config: DiagnoseConfig, samples: list[Sample], model_id: str = "model",
                 revision=None, label: str = "model") -> dict:
     """Every probe on a model already in memory (as ``load_model`` returns it, in eval mode)."""
-    from .family_inputs import batches_for
+    from .family_batches import batches_for
 
-    points = locate(model, model_id)
+    try:
+        points = locate(model, model_id)
+    except AnatomyError as error:
+        raise DiagnosticsError(str(error)) from None
     batches = batches_for(model.config)(
         processor, model.config, samples, config.batch_size, config.max_new_tokens, config.prompts or "prompts"
     )

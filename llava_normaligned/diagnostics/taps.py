@@ -16,8 +16,10 @@ from contextlib import contextmanager
 
 import torch
 
+from llava_normaligned.compat import attn_implementation
+from llava_normaligned.families.probe_points import ProbePoints
+
 from .config import DiagnosticsError
-from .probe_points import ProbePoints
 
 EPS = 1e-12
 
@@ -281,7 +283,7 @@ class DeepstackTap(_Hooks):
 def eager_attention(model):
     """Run the language model with eager attention (the only kind that returns probabilities), then restore it."""
     text_config = getattr(model.config, "text_config", model.config)
-    previous = getattr(text_config, "_attn_implementation", None) or "sdpa"
+    previous = attn_implementation(text_config) or "sdpa"
     if previous == "eager":
         yield
         return

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from llava_normaligned.families.probe_points import ProbePoints
+
 from . import passes
-from .probe_points import ProbePoints
 from .probes import norm_stats
 
 EPS = 1e-12

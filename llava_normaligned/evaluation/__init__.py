@@ -4,11 +4,13 @@
 (the run, ``runner.py``) takes an :class:`EvalConfig`. ``--engine lmms-eval`` runs lmms-eval instead
 (``lmms_engine.py``) on this package's lmms-eval model (``lmms_plugin.py``, registered by entry point).
 Task ids, Hub datasets and schemas live in :mod:`.tasks`; the Table 4 Markdown in :mod:`.report`
-(:func:`render_markdown`, :func:`table_markdown`, for model cards).
+(:func:`render_markdown`, :func:`table_markdown`, for model cards). The rules have one home each, used by both
+engines: :mod:`.prompts`, :mod:`.extraction`, :mod:`.scoring` (log-likelihoods: :mod:`.loglik`); see
+docs/evaluation.md, "Two engines, one set of rules".
 """
 
 from .cli import main, make_eval_parser
-from .runner import EvalConfig, evaluate
 from .report import render_markdown, table_markdown
+from .runner import EvalConfig, evaluate
 
 __all__ = ["EvalConfig", "evaluate", "main", "make_eval_parser", "render_markdown", "table_markdown"]

@@ -59,20 +59,29 @@ def chunks(items: list, size: int) -> Iterator[list]:
         yield items[start : start + size]
 
 
-def error_record(task: str, row: int, exc: BaseException, request=None) -> dict:
-    """The record of a sample that could not run (or be judged): kept, counted as wrong, with the reason."""
+def sample_record(task: str, row: int, request, *, prediction=None, extracted=None, correct: bool = False,
+                  error: str | None = None, **extra) -> dict:
+    """One line of samples.jsonl: the request's side (``doc_id``, ``prompt`` or a log-likelihood request's context,
+    ``gold``, ``meta``; the row's position when there is no request) and what was read from the model's answer.
+    ``extra`` holds a kind's own fields (log-likelihoods)."""
     return {
         "task": task,
         "row": row,
         "doc_id": getattr(request, "doc_id", str(row)),
         "prompt": getattr(request, "prompt", getattr(request, "context", None)),
-        "prediction": None,
-        "extracted": None,
+        "prediction": prediction,
+        "extracted": extracted,
         "gold": getattr(request, "gold", None),
-        "correct": False,
+        "correct": correct,
+        **extra,
         "meta": getattr(request, "meta", {}),
-        "error": f"{type(exc).__name__}: {exc}",
+        "error": error,
     }
+
+
+def error_record(task: str, row: int, exc: BaseException, request=None, prediction=None) -> dict:
+    """The record of a sample that could not run (or be judged): kept, counted as wrong, with the reason."""
+    return sample_record(task, row, request, prediction=prediction, error=f"{type(exc).__name__}: {exc}")
 
 
 def build_requests(spec: TaskSpec, split: LoadedSplit, indices: Iterable[int]) -> Iterator[tuple[int, object, object]]:
@@ -111,19 +120,8 @@ def _judged(spec: TaskSpec, row: int, request: GenerationRequest, prediction: st
         extracted = spec.extract(prediction, request)
         correct = bool(spec.judge(extracted, prediction, request))
     except Exception as exc:  # an answer the rules choke on is that sample's error, not the run's
-        return {**error_record(spec.name, row, exc, request), "prediction": prediction}
-    return {
-        "task": spec.name,
-        "row": row,
-        "doc_id": request.doc_id,
-        "prompt": request.prompt,
-        "prediction": prediction,
-        "extracted": extracted,
-        "gold": request.gold,
-        "correct": correct,
-        "meta": request.meta,
-        "error": None,
-    }
+        return error_record(spec.name, row, exc, request, prediction)
+    return sample_record(spec.name, row, request, prediction=prediction, extracted=extracted, correct=correct)
 
 
 def run_batches(spec: TaskSpec, split: LoadedSplit, sink: SampleSink, *, batch_size: int, score_batch, score_one,

@@ -29,7 +29,7 @@ from llava_normaligned.console import (
     check_output_folder,
     fail,
 )
-from llava_normaligned.loading import SourceNotFound, check_source, parse_device
+from llava_normaligned.loading import LoadOptions, SourceNotFound, add_load_flags, check_source
 
 from .data import EvalDataError
 from .report import BaselineError, load_baseline, table_markdown
@@ -50,16 +50,6 @@ def make_eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, help="score only the first N samples of each task (smoke runs)")
     parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (default 8)")
     parser.add_argument("--max-new-tokens", type=int, help="override each task's generation length")
-    parser.add_argument("--revision", help="Hub revision (branch, tag or commit) of the model")
-    quant = parser.add_mutually_exclusive_group()
-    quant.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes 4-bit (nf4)")
-    quant.add_argument("--load-in-8bit", action="store_true", help="bitsandbytes 8-bit")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="dtype of the unquantized weights (default auto: as the checkpoint stores them)")
-    parser.add_argument("--trust-remote-code", action="store_true", default=None,
-                        help="run the checkpoint repo's own Python code (not needed for this package's models; pin "
-                        "--revision to a commit when you pass it for a Hub repo)")
     parser.add_argument("--label", help="the model's name in the table (default: its folder name)")
     runs = parser.add_mutually_exclusive_group()
     runs.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
@@ -78,6 +68,7 @@ def make_eval_parser() -> argparse.ArgumentParser:
                         help="own: this package's harness (default); lmms-eval: lmms-eval with this package's model "
                         "plugin, writing the same results.md (needs the [eval] extra)")
     parser.add_argument("--list-tasks", action="store_true", help="print the tasks, their datasets and schemas")
+    add_load_flags(parser, attn_implementation=False)
     return parser
 
 
@@ -104,22 +95,18 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                 check_output_folder(flag, folder)
         if args.model:  # a folder without weights, or a Hub id offline and not cached: before any data is read
             check_source(args.model, "model", revision=args.revision)
+        options = LoadOptions.from_args(args, source=args.model or "")  # --device, --dtype: names this package runs on
     except (BadInput, SourceNotFound) as err:
         raise EvalSetupError(str(err)) from None
-    if args.device != "auto":
-        try:
-            parse_device(args.device)
-        except ValueError as err:  # "device: ..."
-            raise EvalSetupError(f"--{err}") from None
     return EvalConfig(
         model=args.model,
         tasks=args.tasks,
         output_dir=args.output_dir,
-        revision=args.revision,
-        quantization="4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None,
-        device=args.device,
-        dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code,
+        revision=options.revision,
+        quantization=options.quantization,
+        device=options.device,
+        dtype=options.dtype,
+        trust_remote_code=options.trust_remote_code,
         data_dir=args.data_dir,
         limit=args.limit,
         batch_size=args.batch_size,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..public_names import public_name
 from . import provenance
 from .report import ResultsWriter, load_baseline
-from .runner import EvalConfig, EvalSetupError, check_output, method_label
+from .runner import EvalConfig, EvalSetupError, check_output, results_header
 from .tasks import TASKS, resolve_tasks
 
 logger = logging.getLogger(__name__)
@@ -148,30 +148,21 @@ def task_entry(name: str, lmms_results: dict, n_samples: dict) -> dict | str:
     }
 
 
-def _header(cfg: EvalConfig, lmms_version: str | None) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
+def _header(cfg: EvalConfig) -> dict:
     from llava_normaligned.loading import load_config
 
-    try:
-        package_version = version("llava-normaligned")
-    except PackageNotFoundError:
-        package_version = None
     config = load_config(cfg.model, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    model = public_name(cfg.model)
-    return {
-        "model": model,
+    identity = {
+        "model": public_name(cfg.model),
         "revision": cfg.revision,
-        "label": cfg.label or model,
-        "method": method_label(config),
         "engine": "lmms-eval",
         "model_fingerprint": provenance.model_fingerprint(cfg.model),
         "settings": provenance.public_settings({"tasks": cfg.tasks, "limit": cfg.limit, "batch_size": cfg.batch_size,
                                                 "max_new_tokens": cfg.max_new_tokens,
                                                 "quantization": cfg.quantization, "dtype": cfg.dtype,
                                                 "device": cfg.device}),
-        "versions": {"llava_normaligned": package_version, "lmms_eval": lmms_version},
     }
+    return results_header(cfg, config, identity, {"lmms_eval": provenance.installed_version("lmms-eval")})
 
 
 def evaluate_with_lmms(cfg: EvalConfig, baseline: dict | None = None) -> dict:
@@ -182,7 +173,7 @@ def evaluate_with_lmms(cfg: EvalConfig, baseline: dict | None = None) -> dict:
         baseline = load_baseline(cfg.baseline)
     check_output(cfg)
     try:
-        config_header = _header(cfg, _lmms_version())
+        config_header = _header(cfg)
     except (OSError, ValueError) as exc:
         raise EvalSetupError(f"cannot read the config of model {cfg.model!r}: {exc}") from exc
     os.makedirs(cfg.output_dir, exist_ok=True)
@@ -210,12 +201,3 @@ def evaluate_with_lmms(cfg: EvalConfig, baseline: dict | None = None) -> dict:
             writer.task_done(name, entry)
     writer.close()
     return writer.results
-
-
-def _lmms_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("lmms-eval")
-    except PackageNotFoundError:
-        return None

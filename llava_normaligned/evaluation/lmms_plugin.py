@@ -6,11 +6,16 @@ model (a subclass of ``lmms_eval.api.model.lmms``; lmms-eval's multiple-choice t
 lmms-eval hands it the task's prompt text and the document's images, and it answers
 
 - generation requests ``(context, gen_kwargs, doc_to_visual, doc_id, task, split)`` through the same batched,
-  left-padded greedy generation as ``llava-normaligned eval`` (one user turn, images first, the checkpoint's chat
-  template; image and video placeholder tokens suppressed), cut at the task's ``until`` strings;
+  left-padded greedy generation as ``llava-normaligned eval`` (``batches.generate_answers``: one user turn, images
+  first, the checkpoint's chat template; image and video placeholder tokens suppressed), the task's text read as
+  the own harness reads a question (``prompts.without_image_tags``), the answer cut at the task's ``until`` strings;
 - log-likelihood requests ``(context, continuation, doc_to_visual, ...)`` of text-only tasks (HellaSwag, MMLU)
-  with the same scoring code as ``llava-normaligned eval`` (no chat template, the tokenizer's own special tokens),
-  returning the negative summed log-probability, whose argmin lmms-eval's multiple choice takes.
+  with the same scoring code as ``llava-normaligned eval`` (``loglik.encode_pair`` and ``loglik.score_pairs``: no
+  chat template, the tokenizer's own special tokens), returning the negative summed log-probability, whose argmin
+  lmms-eval's multiple choice takes.
+
+lmms-eval then extracts and scores the answers by its task's own rules; ``eval --engine lmms-eval`` reports those
+(``lmms_engine.py``; docs/evaluation.md, "Where the two engines differ").
 
 ``--model_args``: ``pretrained`` (folder or Hub id), ``revision``, ``load_in_4bit`` / ``load_in_8bit``
 (bitsandbytes), ``dtype`` (auto, float32, bfloat16, float16), ``device`` (auto, cpu, cuda, cuda:1), ``batch_size``
@@ -27,9 +32,9 @@ from lmms_eval.api.instance import GenerationResult
 from lmms_eval.api.model import lmms
 from lmms_eval.models.registry_v2 import ModelManifest
 
-from .batches import generate_answers, to_rgb
-from .loglik import context_length, continuation_scores, encode_pair
-from .prompts import GenerationRequest
+from .batches import chunks, generate_answers, to_rgb
+from .loglik import encode_pair, score_pairs
+from .prompts import GenerationRequest, without_image_tags
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +135,7 @@ class LlavaNormAligned(lmms):
             if gen_kwargs.get("do_sample") and float(gen_kwargs.get("temperature") or 0) > 0:
                 logger.warning("llava_normaligned: the task asks for sampling; answering greedily (paper §5.2)")
             max_new = self.max_new_tokens or int(gen_kwargs.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
-            for start in range(0, len(indices), self.batch_size):
-                batch = indices[start : start + self.batch_size]
+            for batch in chunks(indices, self.batch_size):
                 built = []
                 for i in batch:
                     context, _, doc_to_visual, doc_id, task, split = requests[i].args
@@ -144,10 +148,10 @@ class LlavaNormAligned(lmms):
         return answers
 
     def _prompt(self, context: str) -> str:
-        """The task's text without typed image tokens (a few tasks write ``<image>``): the chat template places one
-        per image."""
+        """The task's text as the own harness gives a question (``prompts.without_image_tags``): without typed image
+        tags (a few tasks write ``<image>``; the chat template places one per image), outer white space trimmed."""
         token = getattr(self.processor, "image_token", None) or getattr(self.tokenizer, "image_token", None)
-        return context.replace(token, "").strip() if token and token in context else context
+        return without_image_tags(context, token)
 
     # ---- log-likelihood ----
     def loglikelihood(self, requests) -> list[GenerationResult]:
@@ -163,13 +167,8 @@ class LlavaNormAligned(lmms):
                 raise NotImplementedError("llava_normaligned: log-likelihood requests with images are not supported "
                                           f"(task {task}); the text-only ones (HellaSwag, MMLU) are")
             pairs.append(encode_pair(self.tokenizer, context, continuation))
-        results: list[GenerationResult] = []
-        limit = context_length(self.model.config)
-        for start in range(0, len(pairs), self.batch_size):
-            for logprob, greedy in continuation_scores(self.model, self.tokenizer, pairs[start : start + self.batch_size],
-                                                       limit):
-                results.append(GenerationResult(text=(-logprob, greedy)))
-        return results
+        return [GenerationResult(text=(-logprob, greedy))
+                for logprob, greedy in score_pairs(self.model, self.tokenizer, pairs, self.batch_size)]
 
     def generate_until_multi_round(self, requests):
         raise NotImplementedError("llava_normaligned: multi-round generation is not supported")

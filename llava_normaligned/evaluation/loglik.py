@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from .batches import SampleSink, chunks, run_batches, sample_record
 from .data import LoadedSplit
 from .prompts import LoglikRequest
-from .batches import SampleSink, chunks, run_batches
 from .tasks import TaskSpec
 
 
@@ -32,11 +32,6 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
     if not cont:
         raise ValueError(f"continuation {continuation!r} encodes to no tokens after the context")
     return whole[: len(ctx)], cont
-
-
-def continuation_logprobs(model, tokenizer, pairs: list[tuple[list[int], list[int]]], max_length: int | None = None) -> list[float]:
-    """Summed log p(continuation | context) for each (context ids, continuation ids), in one left-padded batch."""
-    return [score for score, _ in continuation_scores(model, tokenizer, pairs, max_length)]
 
 
 @torch.no_grad()
@@ -88,14 +83,20 @@ def context_length(config) -> int | None:
     return getattr(text_config, "max_position_embeddings", None)
 
 
+def score_pairs(model, tokenizer, pairs: list[tuple[list[int], list[int]]], batch_size: int) -> list[tuple[float, bool]]:
+    """(summed log p(continuation | context), greedy) per (context ids, continuation ids), ``batch_size`` pairs per
+    forward, contexts cut to the model's context length. Both engines score through it: the own harness's
+    :func:`score_requests` and the lmms-eval plugin's ``loglikelihood``."""
+    limit = context_length(model.config)
+    return [score for batch in chunks(pairs, batch_size) for score in continuation_scores(model, tokenizer, batch, limit)]
+
+
 def score_requests(model, tokenizer, requests: list[LoglikRequest], batch_size: int) -> list[list[float]]:
     """Per request, the log-likelihood of each continuation; option pairs are batched across requests."""
     flat = [(r_i, encode_pair(tokenizer, r.context, c)) for r_i, r in enumerate(requests) for c in r.continuations]
     scores: list[list[float]] = [[] for _ in requests]
-    for batch in chunks(flat, batch_size):
-        values = continuation_logprobs(model, tokenizer, [pair for _, pair in batch], context_length(model.config))
-        for (r_i, _), value in zip(batch, values):
-            scores[r_i].append(value)
+    for (r_i, _), (value, _) in zip(flat, score_pairs(model, tokenizer, [pair for _, pair in flat], batch_size)):
+        scores[r_i].append(value)
     return scores
 
 
@@ -107,21 +108,9 @@ def _judged(spec: TaskSpec, row: int, request: LoglikRequest, lls: list[float]) 
     choice = _argmax(lls)
     # lm-eval's acc_norm: per character of the choice itself, without the space that joins it to the context
     choice_norm = _argmax([ll / max(len(c.lstrip()), 1) for ll, c in zip(lls, request.continuations)])
-    return {
-        "task": spec.name,
-        "row": row,
-        "doc_id": request.doc_id,
-        "prompt": request.context,
-        "prediction": request.continuations[choice],
-        "extracted": choice,
-        "extracted_norm": choice_norm,
-        "gold": request.gold,
-        "correct": choice == request.gold,
-        "correct_norm": choice_norm == request.gold,
-        "loglikelihoods": lls,
-        "meta": request.meta,
-        "error": None,
-    }
+    return sample_record(spec.name, row, request, prediction=request.continuations[choice], extracted=choice,
+                         correct=choice == request.gold, extracted_norm=choice_norm,
+                         correct_norm=choice_norm == request.gold, loglikelihoods=lls)
 
 
 def run_loglik(spec: TaskSpec, split: LoadedSplit, model, tokenizer, sink: SampleSink, *, batch_size: int,

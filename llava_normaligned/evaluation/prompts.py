@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..families.tokens import IMAGE_TOKEN
+
 # lmms-eval's suffixes (tasks/*/..._yaml, `post_prompt`).
 LETTER_SUFFIX = "\nAnswer with the option's letter from the given choices directly."
 SHORT_ANSWER_SUFFIX = "\nAnswer the question using a single word or phrase."
@@ -55,6 +57,24 @@ def _lettered(options: list[str]) -> tuple[str, dict[str, str]]:
     """'A. x\\nB. y' and {'A': 'x', 'B': 'y'}."""
     choices = {LETTERS[i]: str(text) for i, text in enumerate(options)}
     return "\n".join(f"{k}. {v}" for k, v in choices.items()), choices
+
+
+def _options_request(row: dict, doc_id: str, question: str, options: list, gold: str,
+                     meta: dict | None = None) -> GenerationRequest:
+    """``{question}\\nA. ...\\nD. ...`` and the letter instruction: the options listed under the question."""
+    listing, choices = _lettered(options)
+    return GenerationRequest(doc_id=doc_id, prompt=f"{question}\n{listing}{LETTER_SUFFIX}", images=_image_list(row),
+                             gold=gold, choices=choices, meta=meta or {})
+
+
+def without_image_tags(text: str, *tags: str | None) -> str:
+    """A prompt's text as the model is given it: typed image tags taken out (LLaVA's ``<image>``, and ``tags``, e.g. a
+    processor's own image token; the chat template places one per image) and outer white space trimmed.
+    The one rule for both engines: the own harness's questions (``synthetic``) and lmms-eval's task texts."""
+    for tag in (IMAGE_TOKEN, *tags):
+        if tag:
+            text = text.replace(tag, "")
+    return text.strip()
 
 
 # ---- POPE (lmms-lab/POPE): yes/no object probing ----
@@ -106,15 +126,8 @@ def mmstar_request(row: dict, idx: int) -> GenerationRequest:
 
 # ---- SEED-Bench-2-Plus (doolayer/SEED-Bench-2-Plus): charts, maps, web pages ----
 def seedbench2plus_request(row: dict, idx: int) -> GenerationRequest:
-    listing, choices = _lettered([row[f"choice_{c}"] for c in "ABCD"])
-    return GenerationRequest(
-        doc_id=str(row["question_id"]),
-        prompt=f"{row['question']}\n{listing}{LETTER_SUFFIX}",
-        images=_image_list(row),
-        gold=str(row["answer"]).strip(),
-        choices=choices,
-        meta={"category": str(row["question_image_type"]).capitalize()},
-    )
+    return _options_request(row, str(row["question_id"]), row["question"], [row[f"choice_{c}"] for c in "ABCD"],
+                            str(row["answer"]).strip(), {"category": str(row["question_image_type"]).capitalize()})
 
 
 # ---- OCRBench (echo840/OCRBench): the bare question; gold is a list of accepted strings ----
@@ -132,28 +145,14 @@ def ocrbench_request(row: dict, idx: int) -> GenerationRequest:
 
 # ---- ScienceQA-IMG (lmms-lab/ScienceQA, config "ScienceQA-IMG", split "test") ----
 def scienceqa_request(row: dict, idx: int) -> GenerationRequest:
-    listing, choices = _lettered(list(row["choices"]))
     context = "" if is_missing(row.get("hint")) else f"Context: {row['hint']}\n"
-    return GenerationRequest(
-        doc_id=str(idx),
-        prompt=f"{context}{row['question']}\n{listing}{LETTER_SUFFIX}",
-        images=_image_list(row),
-        gold=LETTERS[int(row["answer"])],
-        choices=choices,
-        meta={"category": row["subject"]},
-    )
+    return _options_request(row, str(idx), f"{context}{row['question']}", list(row["choices"]),
+                            LETTERS[int(row["answer"])], {"category": row["subject"]})
 
 
 # ---- AI2D (lmms-lab/ai2d): diagram questions; answer is the option's index as a string ----
 def ai2d_request(row: dict, idx: int) -> GenerationRequest:
-    listing, choices = _lettered(list(row["options"]))
-    return GenerationRequest(
-        doc_id=str(idx),
-        prompt=f"{row['question']}\n{listing}{LETTER_SUFFIX}",
-        images=_image_list(row),
-        gold=LETTERS[int(row["answer"])],
-        choices=choices,
-    )
+    return _options_request(row, str(idx), row["question"], list(row["options"]), LETTERS[int(row["answer"])])
 
 
 # ---- HellaSwag (Rowan/hellaswag, split "validation"): lm-eval's preprocessing, endings scored by log-likelihood ----
@@ -219,7 +218,7 @@ def mmlu_request(row: dict, idx: int) -> LoglikRequest:
 # ---- the demo's synthetic task (LLaVA JSON written by `llava-normaligned make-data`: test.json) ----
 def synthetic_request(row: dict, idx: int) -> GenerationRequest:
     turns = row["conversations"]
-    question = next(t["value"] for t in turns if t["from"] == "human").replace("<image>", "").strip()
+    question = without_image_tags(next(t["value"] for t in turns if t["from"] == "human"))
     answer = next(t["value"] for t in turns if t["from"] == "gpt")
     meta = {"category": row["template"]} if row.get("template") else {}  # count / colour / shape / position
     return GenerationRequest(doc_id=str(row["id"]), prompt=question, images=_image_list(row), gold=answer, meta=meta)

@@ -45,6 +45,16 @@ _NOT_MODEL_FILES = frozenset({
 
 
 # ---- what is published (the rule itself: llava_normaligned.public_names) ----
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution (``llava-normaligned``, ``lmms-eval``), None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
 def is_local(model: str) -> bool:
     return os.path.isdir(os.path.expanduser(model))
 

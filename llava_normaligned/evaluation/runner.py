@@ -178,8 +178,8 @@ def _progress_bar(total: int, name: str):
 
 def run_task(spec: TaskSpec, split: LoadedSplit, model, processor, sink, cfg: EvalConfig, earlier: list[dict]) -> dict:
     """Run one task (skipping rows an earlier run finished) and score every record."""
-    from .loglik import run_loglik
     from .batches import run_generation
+    from .loglik import run_loglik
 
     earlier = [r for r in earlier if r.get("row") is not None and r["row"] < len(split)]
     skip = frozenset(r["row"] for r in earlier)
@@ -244,30 +244,27 @@ def run_identity(cfg: EvalConfig, specs: list[TaskSpec], splits: dict[str, Loade
     }
 
 
+def results_header(cfg: EvalConfig, config, identity: dict, versions: dict) -> dict:
+    """The head of results.json, for both engines: the model (published name, revision, label, the paper's method
+    read from its ``config``), the rest of ``identity`` (engine, fingerprint, settings, data) and the versions that
+    ran it (this package's first)."""
+    return {
+        "model": identity["model"],
+        "revision": identity["revision"],
+        "label": cfg.label or identity["model"],
+        "method": method_label(config),
+        **{k: v for k, v in identity.items() if k not in ("model", "revision")},
+        "versions": {"llava_normaligned": provenance.installed_version("llava-normaligned"), **versions},
+    }
+
+
 def _header(cfg: EvalConfig, model, identity: dict) -> dict:
     import datasets
     import torch
     import transformers
 
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        package_version = version("llava-normaligned")
-    except PackageNotFoundError:
-        package_version = None
-    return {
-        "model": identity["model"],
-        "revision": identity["revision"],
-        "label": cfg.label or identity["model"],
-        "method": method_label(model.config),
-        **{k: v for k, v in identity.items() if k not in ("model", "revision")},
-        "versions": {
-            "llava_normaligned": package_version,
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-            "datasets": datasets.__version__,
-        },
-    }
+    return results_header(cfg, model.config, identity, {"transformers": transformers.__version__,
+                                                        "torch": torch.__version__, "datasets": datasets.__version__})
 
 
 def evaluate(cfg: EvalConfig, baseline: dict | None = None) -> dict:

@@ -16,13 +16,12 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from contextlib import contextmanager
 
 import torch
-from vllm.model_executor.models import llava as vllm_llava
 from vllm.model_executor.models.llava import LlavaForConditionalGeneration, LlavaMultiModalProjector
 from vllm.model_executor.models.utils import WeightsMapper
 
+from llava_normaligned.compat import vllm_llava_projector_built_as
 from modeling_llava_normaligned import NormAlignedLayerNorm
 
 PROJECTOR = "multi_modal_projector"
@@ -59,25 +58,6 @@ class NormAlignedProjector(LlavaMultiModalProjector):
         return hidden_states
 
 
-@contextmanager
-def _projector_built_as(factory):
-    """While vLLM's LLaVA ``__init__`` runs, it builds ``factory(...)`` where it would build its projector.
-
-    Building ours in its place (rather than replacing the module afterwards) keeps all of vLLM's bookkeeping
-    right: the projector is recorded as a tower part, routed through an offloader, left out when images are
-    disabled, and no quantized copy is ever made (online quantization such as --quantization fp8 lists the
-    layers it quantizes as they are built).
-    """
-    if not isinstance(getattr(vllm_llava, "LlavaMultiModalProjector", None), type):
-        raise RuntimeError("this vLLM's llava module has no LlavaMultiModalProjector: unsupported vLLM version")
-    original = vllm_llava.LlavaMultiModalProjector
-    vllm_llava.LlavaMultiModalProjector = factory
-    try:
-        yield
-    finally:
-        vllm_llava.LlavaMultiModalProjector = original
-
-
 class LlavaNormAlignedForConditionalGeneration(LlavaForConditionalGeneration):
     """vLLM's LLaVA with ``NormAlignedProjector`` as its projector (same multimodal processor)."""
 
@@ -91,7 +71,10 @@ class LlavaNormAlignedForConditionalGeneration(LlavaForConditionalGeneration):
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         norm = getattr(vllm_config.model_config.hf_config, "projector_norm", None)
-        with _projector_built_as(functools.partial(NormAlignedProjector, projector_norm=norm)):
+        # Built where vLLM's LLaVA would build its projector (rather than replaced afterwards), so all of vLLM's
+        # bookkeeping stays right: recorded as a tower part, routed through an offloader, left out when images are
+        # disabled, and never quantized (online quantization lists the layers it quantizes as they are built).
+        with vllm_llava_projector_built_as(functools.partial(NormAlignedProjector, projector_norm=norm)):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

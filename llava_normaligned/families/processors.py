@@ -8,16 +8,14 @@ family's parts: the folder's tokenizer, its image processor (the PIL one when th
 transformers processor and returns what the model's forward takes.
 
 Others (LLaVA-OneVision, InternVL, Mistral3) load with ``AutoProcessor`` where torchvision is
-installed and are built without it otherwise: their builders are registered with ``auto_first=True``. A family whose
-prompt is not a chat turn, or whose processor wants its images grouped per prompt, registers its own
-``make_batches`` (PaliGemma, Gemma3).
+installed and are built without it otherwise: their builders are registered with ``auto_first=True``.
 
     processor = load_processor("path/or/org/name", config)        # AutoProcessor, or the family's builder
-    batches = batches_for(config)(processor, config, samples, batch_size, max_new_tokens)
     BUILDERS["qwen2_vl"]                                           # a family's builder, by ``Family.name``
 
-A builder is ``builder(model_id, config, **hub_kwargs) -> processor``; adding one is ``@register("family_name")``;
-a batch builder has ``inputs.make_batches``' signature and is added with ``@register_batches("family_name")``.
+A builder is ``builder(model_id, config, **hub_kwargs) -> processor``; adding one is ``@register("family_name")``.
+Every command that loads a model (train, generate, eval, diagnose) takes its processor from here
+(``llava_normaligned.loading``).
 """
 
 from __future__ import annotations
@@ -25,15 +23,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import torch
-
-from llava_normaligned.anatomy import family_of
-
-from .inputs import has_chat_template, make_batches
+from .anatomy import family_of
 
 BUILDERS: dict[str, Callable] = {}  # Family.name -> its processor builder
 AUTO_FIRST: set[str] = set()  # families whose builder is used only when AutoProcessor cannot load the folder
-BATCHES: dict[str, Callable] = {}  # Family.name -> its make_batches, where the generic one does not fit
+
 
 # what a processor that cannot be built raises (a missing package, file or attribute; a bad argument)
 LOAD_ERRORS = (ImportError, ValueError, OSError, AttributeError, TypeError)
@@ -50,15 +44,6 @@ def register(*family_names: str, auto_first: bool = False):
             if auto_first:
                 AUTO_FIRST.add(name)
         return builder
-
-    return add
-
-
-def register_batches(*family_names: str):
-    def add(make):
-        for name in family_names:
-            BATCHES[name] = make
-        return make
 
     return add
 
@@ -92,12 +77,6 @@ def load_processor(model_id: str, config, *, revision: str | None = None, trust_
             f"{model_id!r} has no processor for its images ({name}; AutoProcessor: {_one_line(first)}; built "
             f"without torchvision: {_one_line(error)})"
         ) from None
-
-
-def batches_for(config) -> Callable:
-    """The ``make_batches`` of ``config``'s family: its own when it registered one, else ``inputs.make_batches``."""
-    family = family_of(config)
-    return BATCHES.get(family.name, make_batches) if family is not None else make_batches
 
 
 # ----------------------------------------------------------------------------------------------- the processor
@@ -301,10 +280,6 @@ def build_idefics3(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
 #   transformers' code, run on the folder's image processor and tokenizer;
 # - Mistral3: a Pixtral-layout processor written here (its module imports torchvision): each image becomes rows of
 #   ``[IMG]`` tokens, one per merged patch, each row ending in ``[IMG_BREAK]``, the last in ``[IMG_END]``.
-# Their batch builders (``register_batches``) are for a family whose prompt differs from a chat turn: PaliGemma's
-# prompt is ``<image> x N + BOS + prefix + "\n"`` (its processor's layout), its image and prefix attend
-# bidirectionally (``token_type_ids`` 0) and what it generates is the causal suffix (1,
-# ``anatomy.Family.generated_token_type``); Gemma3's processor takes one list of images per prompt.
 
 
 def _saved_parts(name: str, revision: str | None, trust_remote_code):
@@ -397,57 +372,5 @@ def mistral3(name: str, config=None, revision: str | None = None, trust_remote_c
     return PixtralLayoutProcessor(image_processor, tokenizer, **kwargs)
 
 
-# ---------------------------------------------------------------------------------------------- PaliGemma
-
-
-def paligemma_format(processor, prompt: str, with_image: bool) -> str:
-    """PaliGemma's prompt: the image token (expanded by ``paligemma_encode``), BOS, the prefix, a newline. Its
-    checkpoints carry no chat template; one that does is used."""
-    if has_chat_template(processor):
-        from .inputs import format_prompt
-
-        return format_prompt(processor, prompt, with_image)
-    return f"{processor.image_token if with_image else ''}{processor.tokenizer.bos_token}{prompt}\n"
-
-
-def paligemma_encode(processor, texts: list[str], images) -> dict:
-    """input_ids (image tokens x image_seq_length in place of the image token), attention_mask, token_type_ids (0:
-    the image and the prefix, which attend to each other both ways) and pixel_values."""
-    tokenizer = processor.tokenizer
-    if images is not None:
-        run = processor.image_token * processor.image_seq_length
-        texts = [t.replace(processor.image_token, run, 1) for t in texts]
-    encoded = dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
-    encoded["token_type_ids"] = torch.zeros_like(encoded["input_ids"])
-    if images is not None:
-        encoded["pixel_values"] = processor.image_processor(images, return_tensors="pt")["pixel_values"]
-    return encoded
-
-
-@register_batches("paligemma")
-def paligemma_batches(processor, config, samples, batch_size: int, max_new_tokens: int, prompts_path="prompts"):
-    return make_batches(processor, config, samples, batch_size, max_new_tokens, prompts_path,
-                        format=paligemma_format, encode=paligemma_encode)
-
-
-# ------------------------------------------------------------------------------------------------- Gemma3
-
-
-def nested_encode(processor, texts: list[str], images) -> dict:
-    """The generic encoding with one list of images per prompt (Gemma3's processor counts images per sample)."""
-    from .inputs import _encode
-
-    return _encode(processor, texts, None if images is None else [[image] for image in images])
-
-
-@register_batches("gemma3")
-def gemma3_batches(processor, config, samples, batch_size: int, max_new_tokens: int, prompts_path="prompts"):
-    """The chat turn writes ``<start_of_image>``; the processor expands it to ``\n\n<start_of_image>`` +
-    ``<image_soft_token>`` x mm_tokens_per_image + ``<end_of_image>\n\n`` and returns token_type_ids (1 on the
-    soft tokens, which attend to each other both ways)."""
-    return make_batches(processor, config, samples, batch_size, max_new_tokens, prompts_path, encode=nested_encode)
-
-
-__all__ = ["AUTO_FIRST", "BATCHES", "BUILDERS", "ExpandingProcessor", "PixtralLayoutProcessor", "ProcessorUnavailable",
-           "batches_for", "build_idefics3", "build_qwen_vl", "load_processor", "register", "register_batches",
-           "without_video"]
+__all__ = ["AUTO_FIRST", "BUILDERS", "ExpandingProcessor", "PixtralLayoutProcessor", "ProcessorUnavailable",
+           "build_idefics3", "build_qwen_vl", "load_processor", "register", "without_video"]

@@ -1,6 +1,6 @@
 """Where a vision-language model is probed: vision tower -> projector (-> its norm) -> language model layers.
 
-The parts are found by ``llava_normaligned.anatomy`` (one table of model families). For Qwen the projector is the
+The parts are found by ``families.anatomy`` (one table of model families). For Qwen the projector is the
 merger inside the vision model, for Idefics3 / SmolVLM the connector, for Ovis2 its visual embedding table; Qwen3-VL's
 deepstack features are probed where they enter the LLM. A model without one of them cannot be probed, and ``locate``
 says which part is missing.
@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llava_normaligned.anatomy import AnatomyError, Family, anatomy_of
-
-from .config import DiagnosticsError
+from .anatomy import AnatomyError, Family, anatomy_of
 
 
 @dataclass
@@ -47,12 +45,12 @@ class ProbePoints:
 
 
 def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
-    """The probe points of ``model`` (``llava_normaligned.anatomy``), or a ``DiagnosticsError`` naming every part
-    that is missing."""
+    """The probe points of ``model`` (``families.anatomy``), or an ``AnatomyError`` naming every part that is
+    missing."""
     try:
         anatomy = anatomy_of(model, repr(model_id), require_image_token=True)
     except AnatomyError as error:
-        raise DiagnosticsError(f"cannot probe {error}") from None
+        raise AnatomyError(f"cannot probe {error}") from None
     missing = []
     if not callable(getattr(anatomy.base, "get_image_features", None)):
         missing.append("an image-feature entry point (get_image_features)")
@@ -61,7 +59,7 @@ def locate(model: nn.Module, model_id: str = "model") -> ProbePoints:
     if anatomy.family.positions == "mrope" and not callable(getattr(anatomy.base, "get_rope_index", None)):
         missing.append("an M-RoPE position entry point (get_rope_index)")
     if missing:
-        raise DiagnosticsError(f"cannot probe {model_id!r} ({type(model).__name__}): it has no {'; no '.join(missing)}")
+        raise AnatomyError(f"cannot probe {model_id!r} ({type(model).__name__}): it has no {'; no '.join(missing)}")
     family = anatomy.family
     deepstack = family.deepstack
     return ProbePoints(

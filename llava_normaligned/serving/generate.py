@@ -2,8 +2,8 @@
 
     llava-normaligned generate ./llava-na-3b --image cat.png --prompt "What is in the picture?" --load-in-4bit
 
-Loading (quantization, devices, dtypes, adapters, remote code) is ``llava_normaligned.loading``'s; ``load_model`` and
-the names below are re-exported here for the callers that import them from this module.
+Loading (quantization, devices, dtypes, adapters, remote code) is ``llava_normaligned.loading``'s: the flags are its
+``add_load_flags``, read once into a ``LoadOptions``; generation is ``llava_normaligned.generation``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .console import (
+from llava_normaligned.console import (
     NON_NEGATIVE,
     POSITIVE_COUNT,
     BadInput,
@@ -24,21 +24,7 @@ from .console import (
     check_output_file,
     fail,
 )
-from .loading import (  # noqa: F401  (re-exported)
-    DTYPE_NAMES,
-    KEEP_UNQUANTIZED,
-    QUANTIZATION_MODES,
-    QUANTIZED_ROOT,
-    SourceNotFound,
-    add_trust_remote_code_flags,
-    check_source,
-    load_config,
-    load_model,
-    parse_device,
-    parse_dtype,
-    resolve_device,
-    verify_quantization,
-)
+from llava_normaligned.loading import LoadOptions, SourceNotFound, add_load_flags, check_source
 
 logger = logging.getLogger(__name__)
 
@@ -76,31 +62,12 @@ def make_parser() -> argparse.ArgumentParser:
         "rerun resumes from OUTPUT.partial)",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="batch mode: prompts per forward (default 8)")
-    quant = parser.add_mutually_exclusive_group()
-    quant.add_argument(
-        "--load-in-4bit",
-        action="store_const",
-        const="4bit",
-        dest="quantization",
-        help="NF4 + double quantization of the LLM's linear layers",
-    )
-    quant.add_argument(
-        "--load-in-8bit",
-        action="store_const",
-        const="8bit",
-        dest="quantization",
-        help="LLM.int8 of the LLM's linear layers",
-    )
     parser.add_argument("--max-new-tokens", type=int, default=256,
                         help="tokens generated at most per answer (default 256)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     parser.add_argument("--system", default=None, help="optional system message")
-    parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N, mps, xpu")
-    parser.add_argument("--dtype", default="auto", help=f"unquantized weights: auto or one of {sorted(DTYPE_NAMES)}")
-    parser.add_argument("--revision", default=None, help="branch, tag or commit of a Hub repo")
-    add_trust_remote_code_flags(parser)
-    parser.add_argument("--attn-implementation", default=None, help="e.g. sdpa, eager, flash_attention_2")
     parser.add_argument("--quiet", action="store_true", help="do not print what was loaded to stderr")
+    add_load_flags(parser)
     return parser
 
 
@@ -115,7 +82,7 @@ class PromptRow:
 
 def read_prompts_file(path: str) -> list[PromptRow]:
     """Read and check every row (prompt text, image files present and readable) before anything is loaded."""
-    from .generation import check_image_path
+    from llava_normaligned.generation import check_image_path
 
     base = os.path.dirname(os.path.abspath(path))
     rows = []
@@ -154,17 +121,11 @@ def _check_arguments(args) -> Resume | None:
     """Bad input (``BadInput``, exit 2) found before any loading: missing or unreadable inputs, conflicting modes,
     bad numbers, an output that exists or a partial one that does not belong to this run. Batch mode: the rows and
     the answers so far."""
-    from .generation import check_image_path
+    from llava_normaligned.generation import check_image_path
 
     if (args.prompt is None) == (args.prompts_file is None):
         raise BadInput("give either --prompt (one answer, streamed) or --prompts-file (batch mode)")
     check_numbers(args, NUMBERS)
-    try:
-        parse_dtype(args.dtype)
-        if args.device != "auto":
-            parse_device(args.device)
-    except ValueError as error:
-        raise BadInput(str(error)) from None
     if args.prompts_file is None:
         if args.output or args.overwrite:
             raise BadInput("--output and --overwrite are for batch mode (--prompts-file)")
@@ -280,7 +241,7 @@ class Resume:
 def _run_batch(model, processor, resume: Resume, args) -> None:
     """Answer the rows not yet answered, batch by batch, appending to ``<output>.partial``, renamed to ``<output>`` at
     the end: a crash leaves the answers so far, which a rerun keeps, and never a file that looks complete."""
-    from .generation import generate_batch
+    from llava_normaligned.generation import generate_batch
 
     partial, settings_path = Resume.paths(args.output)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
@@ -322,20 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_source(args.model, revision=args.revision)  # first: a mistyped model fails before anything loads
+        options = LoadOptions.from_args(args)
         resume = _check_arguments(args)
     except (SourceNotFound, BadInput) as error:
         return fail("generate", error)
     try:
-        model, processor, report = load_model(
-            args.model,
-            revision=args.revision,
-            quantization=args.quantization,
-            device=args.device,
-            dtype=args.dtype,
-            trust_remote_code=args.trust_remote_code,
-            attn_implementation=args.attn_implementation,
-            return_report=True,
-        )
+        model, processor, report = options.load(return_report=True)
     except SourceNotFound as error:  # a model that is not there: bad input, exit 2
         return fail("generate", error)
     except (ImportError, RuntimeError, ValueError, OSError) as error:
@@ -347,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             print(f"wrote {len(resume.rows)} answers to {args.output}", file=sys.stderr)
         return 0
-    from .generation import stream_answer
+    from llava_normaligned.generation import stream_answer
 
     stream_answer(
         model,

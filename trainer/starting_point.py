@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from llava_normaligned.loading import TRUST_REMOTE_CODE_DEFAULT, load_model, parse_dtype
+from llava_normaligned.norm_variant import NormVariant
 
 logger = logging.getLogger(__name__)
 
@@ -40,72 +41,55 @@ def load_checkpoint(
 def compose_for_stage1(
     vision_model: str, text_model: str, variant: dict, dtype=None, trust_remote_code=TRUST_REMOTE_CODE_DEFAULT
 ):
-    """Compose a fresh norm-aligned LLaVA (projector newly initialised) with the variant's norm settings."""
+    """Compose a fresh norm-aligned LLaVA (projector newly initialised) with the variant's norm options (the ones
+    given; the rest: ``NormVariant``'s defaults, the paper's method)."""
     from llava_normaligned.compose import compose
 
-    kwargs = {key: variant[key] for key in ("projector_norm", "norm_init", "gradient_compensation") if key in variant}
-    logger.info("composing %s + %s (%s)", vision_model, text_model, kwargs or "default variant")
-    return compose(vision_model, text_model, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code, **kwargs)
+    norm_variant = NormVariant.from_dict(variant)
+    logger.info("composing %s + %s (projector norm %s)", vision_model, text_model, norm_variant.describe())
+    return compose(vision_model, text_model, norm_variant=norm_variant, dtype=parse_dtype(dtype),
+                   trust_remote_code=trust_remote_code)
 
 
 def apply_norm_variant(model, *, stage: int, **variant) -> dict:
     """Set the projector norm of a norm-aligned model to one of the paper's ablation variants (Tables 4/5).
 
-    ``variant`` keys: ``projector_norm`` ("layernorm" or ``None``), ``norm_init`` ("target" / "default"),
-    ``gradient_compensation`` (bool). Only before stage 1: the norm is then (re)built and initialised per the
-    variant (gain T/sqrt(D) or 1, bias 0; paper §5.1). In stage 2 a variant must match the checkpoint (the norm was
-    trained in stage 1), otherwise it is an error. Returns the fields that changed.
+    ``variant``: any of the four ``NormVariant`` options (``projector_norm`` "layernorm" or ``None``, ``norm_init``
+    "target" / "default", ``gradient_compensation``, ``gradient_compensation_min``); the others stay as the model
+    has them. Only before stage 1: the norm is then rebuilt and initialised per the variant
+    (``LlavaNormAlignedProjector.reset_norm``: gain T/sqrt(D) or 1, bias 0; paper §5.1). In stage 2 a variant must
+    match the checkpoint (the norm was trained in stage 1), otherwise it is an error. Returns the options that
+    changed.
     """
-    from llava_normaligned.anatomy import anatomy_of
-    from modeling_llava_normaligned import (
-        LlavaNormAlignedForConditionalGeneration,
-        NormAlignedLayerNorm,
-        gain_statistics,
-        model_norm_target,
-    )
+    from llava_normaligned.families.anatomy import anatomy_of
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, gain_statistics, model_norm_target
 
     if not variant:
         return {}
-    config = model.config
     if not isinstance(model, LlavaNormAlignedForConditionalGeneration):
         raise ValueError(  # noqa: TRY004 (the wrong checkpoint for the flags given: a usage error)
             f"the ablation variants need the norm-aligned model, got {type(model).__name__}; run "
             "`llava-normaligned convert` (stock LLaVA) or `compose` first"
         )
-    changes = {k: v for k, v in variant.items() if getattr(config, k) != v}
+    config = model.config
+    current = NormVariant.from_config(config)
+    wanted = NormVariant.from_dict(variant, base=current)
+    changes = wanted.changes_from(current)
     if not changes:
         return {}
     if stage != 1:
         raise ValueError(
-            f"stage {stage}: the checkpoint's projector norm is {_describe(config)}, the run asks for {changes}; "
+            f"stage {stage}: the checkpoint's projector norm is {current.describe()}, the run asks for {changes}; "
             "the variant is chosen before stage 1 (the norm is trained then)"
         )
     for key, value in changes.items():
         setattr(config, key, value)
-    projector = anatomy_of(model).projector
-    reference = next(projector.parameters())
-    if config.projector_norm is None:
-        projector.norm = None
-    else:
-        if config.norm_init == "target" and config.norm_target is None:
-            config.norm_target = model_norm_target(model)
-        norm = NormAlignedLayerNorm(
-            config.text_config.hidden_size,
-            compensation=config.gradient_compensation,
-            compensation_min=config.gradient_compensation_min,
-        ).to(device=reference.device, dtype=reference.dtype)
-        model._init_weights(norm)  # gain T / sqrt(D) ("target") or 1 ("default"), bias 0 (paper §5.1)
-        projector.norm = norm
-    gain = "n/a" if projector.norm is None else f"{gain_statistics(projector.norm.weight, None)['gain_abs_mean']:.5f}"
-    logger.info("stage 1 variant: %s -> projector norm %s (mean|gain| %s)", changes, _describe(config), gain)
+    if wanted.projector_norm is not None and wanted.norm_init == "target" and config.norm_target is None:
+        config.norm_target = model_norm_target(model)
+    norm = anatomy_of(model).projector.reset_norm(config)
+    gain = "n/a" if norm is None else f"{gain_statistics(norm.weight, None)['gain_abs_mean']:.5f}"
+    logger.info("stage 1 variant: %s -> projector norm %s (mean|gain| %s)", changes, wanted.describe(), gain)
     return changes
-
-
-def _describe(config) -> str:
-    if config.projector_norm is None:
-        return "none (w/o Norm)"
-    gwc = "with GWC" if config.gradient_compensation else "without GWC"
-    return f"{config.projector_norm}, {config.norm_init} init, {gwc}"
 
 
 def describe_variant(model) -> dict:
@@ -117,9 +101,7 @@ def describe_variant(model) -> dict:
 
     target = config.norm_target
     return {
-        "projector_norm": config.projector_norm,
-        "norm_init": config.norm_init,
-        "gradient_compensation": config.gradient_compensation,
+        **NormVariant.from_config(config).config_kwargs(),
         "norm_target": target,
         "gain_init": gain_init(config.norm_init, target, config.text_config.hidden_size)
         if target or config.norm_init == "default" else 1.0,

@@ -25,6 +25,7 @@ norm, ``PROJECTOR_NORM_PATH``: remote code cannot import this package.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported where a live model is read, so the table costs nothing to import
@@ -105,6 +106,12 @@ class Family:
     # token_type_ids of the tokens a model generates after its prompt, where its forward takes them (PaliGemma: 1,
     # the causal suffix after the bidirectional prefix; Gemma3: 0, text)
     generated_token_type: int = 0
+    # ``align``: where the connector's output becomes the LLM's input embeddings. "connector_output": the projector
+    # module's output is what the LLM receives at the image positions; "image_features": the base model's
+    # get_image_features / get_video_features output (LLaVA-NeXT/OneVision add image_newline rows after the
+    # projector). ``align_refusal``: why ``align`` cannot place the norm in this family (None: it can).
+    norm_entry: str = "connector_output"
+    align_refusal: str | None = None
 
     # ----------------------------------------------------------------------------------------- module paths
     @property
@@ -189,6 +196,7 @@ LLAVA = Family(
     name="llava",
     model_types=("llava",),
     notes="transformers' LlavaForConditionalGeneration (LLaVA-1.5 layout, transformers >= 4.52 names)",
+    align_refusal="a stock LLaVA becomes this package's own model with `llava-normaligned convert --from-llava`",
 )
 LLAVA_NORMALIGNED = replace(
     LLAVA,
@@ -196,6 +204,7 @@ LLAVA_NORMALIGNED = replace(
     model_types=("llava_normaligned",),
     projector_norm="norm",  # NormAlignedLayerNorm; None in the "w/o Norm" variant
     notes="this package's model: LLaVA with the norm-aligned LayerNorm after the projector (paper §5.1)",
+    align_refusal="this package's model already has the aligned norm after its projector",
 )
 
 # Qwen2-VL, Qwen2.5-VL, Qwen3-VL: the merger (patch merger: 2x2 patches -> one token, then an MLP) is the vision
@@ -254,28 +263,32 @@ SMOLVLM = Family(name="smolvlm", model_types=("smolvlm",),
 # image-token positions, after the projector (and, for LLaVA-NeXT/OneVision, the unpadding and newline rows).
 PIXTRAL_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LLAVA_LIKE: tuple[Family, ...] = (
-    replace(LLAVA, name="llava_next", model_types=("llava_next",),
+    replace(LLAVA, name="llava_next", model_types=("llava_next",), norm_entry="image_features", align_refusal=None,
             image_tokens="<image> x (anyres crops, unpadded) with image_newline rows; read at inputs_embeds",
             notes="LlavaNextForConditionalGeneration: anyres crops; the image positions also hold image_newline rows"),
-    replace(LLAVA, name="llava_onevision", model_types=("llava_onevision",),
+    replace(LLAVA, name="llava_onevision", model_types=("llava_onevision",), norm_entry="image_features",
+            align_refusal=None,
             placeholder_token_keys=("video_token_index",),
             image_tokens="as LLaVA-NeXT: <image> x (anyres crops, unpadded) with image_newline rows",
             notes="LlavaOnevisionForConditionalGeneration: anyres crops and image_newline rows, like LLaVA-NeXT"),
-    replace(LLAVA, name="gemma3", model_types=("gemma3",),
+    replace(LLAVA, name="gemma3", model_types=("gemma3",), align_refusal=None,
             placeholder_token_keys=("boi_token_index", "eoi_token_index"),
             image_tokens="<start_of_image> <image_soft_token> x mm_tokens_per_image <end_of_image>; token_type_ids "
             "1 on the soft tokens",
             notes="Gemma3ForConditionalGeneration: avg-pooled SigLIP, RMSNorm, then a projection matrix; the text "
             "embeddings are scaled by sqrt(D) inside embed_tokens, the image features are not"),
     replace(LLAVA, name="paligemma", model_types=("paligemma",), generated_token_type=1,
+            align_refusal="PaliGemma rescales the projector's output by 1/sqrt(D) inside get_image_features and its "
+            "image prefix attends bidirectionally: align does not place the norm there",
             image_tokens="<image> x image_seq_length, BOS, the prefix, a newline (no chat turn); token_type_ids",
             notes="PaliGemmaForConditionalGeneration: one linear projector; the image and the prefix attend "
             "bidirectionally (token_type_ids 0), the generated suffix causally (1)"),
-    replace(LLAVA, name="mistral3", model_types=("mistral3",), vision_linear_names=PIXTRAL_LINEAR_NAMES,
+    replace(LLAVA, name="mistral3", model_types=("mistral3",), align_refusal=None,
+            vision_linear_names=PIXTRAL_LINEAR_NAMES,
             image_tokens="rows of [IMG] (one per merged patch), each row ending in [IMG_BREAK], the last in [IMG_END]",
             notes="Mistral3ForConditionalGeneration: Pixtral vision tower; the projector's RMSNorm and 2x2 patch "
             "merger come before its MLP; [IMG_BREAK]/[IMG_END] rows are text tokens"),
-    replace(LLAVA, name="internvl", model_types=("internvl",),
+    replace(LLAVA, name="internvl", model_types=("internvl",), align_refusal=None,
             vision_linear_names=("q_proj", "k_proj", "v_proj", "projection_layer", "fc1", "fc2"),
             image_tokens="<img> <IMG_CONTEXT> x (tiles x image_seq_length) </img>",
             notes="InternVLForConditionalGeneration: pixel shuffle (downsample_ratio) before the MLP projector; "
@@ -283,6 +296,8 @@ LLAVA_LIKE: tuple[Family, ...] = (
     replace(LLAVA, name="ovis2", model_types=("ovis2",), projector="model.visual_embeddings_table",
             vision_linear_names=("q_proj", "k_proj", "v_proj", "out_proj", "gate_proj", "up_proj", "down_proj"),
             projector_input="visual_vocabulary", placeholder_token_keys=("visual_indicator_token_ids",),
+            align_refusal="Ovis2's visual embedding table gives both the image tokens and the indicator tokens "
+            "(<IMG_START>...): where its image features enter the LLM is ambiguous",
             image_tokens="<IMG_START> <IMG_ATOM> x tokens per grid <IMG_GRID> ... <IMG_END>; atoms and indicators take "
             "rows of the visual embedding table",
             notes="Ovis2ForConditionalGeneration: the vision tower's head gives a distribution over a visual "
@@ -314,14 +329,32 @@ def strip_wrappers(name: str) -> str:
     return name
 
 
+# ``align``'s models: a stock family's model with the aligned norm, model_type ``normaligned_<stock>``, the norm at
+# ``<projector>.aligned_norm`` (the model file's ``configuration_normaligned_vlm`` spells both the same way).
+ALIGNED_MODEL_TYPE_PREFIX = "normaligned_"
+ALIGNED_NORM_NAME = "aligned_norm"
+
+
+@cache
+def aligned_family(family: Family) -> Family:
+    """``family`` as ``align`` writes it: the same parts and name, the aligned norm under the projector."""
+    return replace(family, model_types=tuple(ALIGNED_MODEL_TYPE_PREFIX + t for t in family.model_types),
+                   projector_norm=ALIGNED_NORM_NAME,
+                   align_refusal="this model already has the aligned norm (written by `llava-normaligned align`)")
+
+
 def family_of(config_or_model_type) -> Family | None:
-    """The family of a config (object or dict) or a ``model_type`` string; None when no entry names it."""
+    """The family of a config (object or dict) or a ``model_type`` string; None when no entry names it. A model
+    ``align`` wrote (``normaligned_<stock>``) is its stock family's, with the aligned norm (``aligned_family``)."""
     if isinstance(config_or_model_type, str):
         model_type = config_or_model_type
     elif isinstance(config_or_model_type, dict):
         model_type = config_or_model_type.get("model_type")
     else:
         model_type = getattr(config_or_model_type, "model_type", None)
+    if isinstance(model_type, str) and model_type.startswith(ALIGNED_MODEL_TYPE_PREFIX):
+        stock = family_of(model_type[len(ALIGNED_MODEL_TYPE_PREFIX) :])
+        return aligned_family(stock) if stock is not None and stock.align_refusal is None else None
     return next((f for f in FAMILIES if model_type in f.model_types), None)
 
 
@@ -514,6 +547,8 @@ def vision_dtype(model: nn.Module) -> torch.dtype:
 
 
 __all__ = [
+    "ALIGNED_MODEL_TYPE_PREFIX",
+    "ALIGNED_NORM_NAME",
     "FAMILIES",
     "LLAVA",
     "LLAVA_LIKE",
@@ -523,6 +558,7 @@ __all__ = [
     "AnatomyError",
     "Deepstack",
     "Family",
+    "aligned_family",
     "anatomy_of",
     "base_model",
     "family_for_config",

@@ -1,0 +1,282 @@
+"""``llava-normaligned align``: put the paper's aligned LayerNorm into a saved vision-language model of another family.
+
+For a stock VLM (Hub id or folder) of a family ``families.anatomy`` knows, the norm-aligned LayerNorm (the model
+file's ``NormAlignedLayerNorm``: gain T / sqrt(D), Global Weight Compensation; Li et al., arXiv 2512.08374, §5.1)
+goes where the connector's output becomes the LLM's input embeddings (``Family.norm_entry``). T is measured on the
+LLM's input embeddings as everywhere in this package: the rows of the family's placeholder tokens left out
+(``Family.placeholder_token_ids``), Gemma's embedding scale counted (``scalar_embed_scale``).
+
+The written folder is a normal checkpoint: the stock weights under their own module names, plus the norm's two
+tensors (``<connector>.aligned_norm.{weight,bias}``); remote code that wraps the stock class
+(``modeling_llava_normaligned/modeling_normaligned_vlm.py``, torch + transformers only), so that it loads with
+``AutoModelForImageTextToText.from_pretrained(DIR, trust_remote_code=True)``; the family's processor files; and a
+config recording the family, the connector's path and T. See docs/align.md.
+
+    llava-normaligned align HuggingFaceTB/SmolVLM-256M-Instruct --output-dir smolvlm-aligned
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+
+from .console import POSITIVE, BadInput, check_number, check_output_folder, fail
+from .families.anatomy import Family, anatomy_of, family_of
+from .loading import add_trust_remote_code_flags, dtype_argument, load_config, load_model, looks_like_path
+from .norm_variant import NormVariant, add_norm_flags
+
+# What the model file knows how to wrap (its STOCK_MODEL_TYPES); kept here so that --help and the refusals import
+# neither torch nor transformers. tests/test_align.py holds the two equal.
+SUPPORTED_MODEL_TYPES = (
+    "idefics3",
+    "smolvlm",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "llava_next",
+    "llava_onevision",
+    "gemma3",
+    "internvl",
+    "mistral3",
+)
+# Files of a checkpoint that are not the processor's: the model's own, written anew.
+_MODEL_FILES = ("config.json", "generation_config.json")
+_MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".py", ".md", ".gguf", ".msgpack", ".h5")
+_PROCESSOR_PATTERNS = ("*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken", "additional_chat_templates/*")
+
+
+class AlignError(BadInput):
+    """A model ``align`` cannot put the norm into (its family, or a part of it, is not where it should be)."""
+
+
+def supported() -> str:
+    return ", ".join(SUPPORTED_MODEL_TYPES)
+
+
+def alignable_family(config, model_id: str) -> Family:
+    """The family of ``config`` if ``align`` can place the norm in it, else ``AlignError`` (one line, why)."""
+    family = family_of(config)
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    if family is None:
+        raise AlignError(f"{model_id} (model_type {model_type!r}) is not a vision-language model of a family align "
+                         f"knows; align supports: {supported()}")
+    if family.align_refusal is not None:
+        raise AlignError(f"{model_id} ({family.name}): {family.align_refusal}")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise AlignError(f"{model_id} (model_type {model_type!r}): align supports {supported()}")
+    return family
+
+
+def norm_target_of(model, family: Family) -> float:
+    """T of a stock ``model``: the mean L2 norm of its LLM's input-embedding rows, the family's placeholder rows left
+    out, times the embedding layer's own scale (Gemma multiplies its rows by sqrt(D) in ``embed_tokens``)."""
+    from modeling_llava_normaligned import text_embedding_norm_target
+
+    embeddings = anatomy_of(model).input_embeddings
+    target = text_embedding_norm_target(embeddings.weight, exclude_token_ids=family.placeholder_token_ids(model.config))
+    return target * float(getattr(embeddings, "scalar_embed_scale", 1.0))
+
+
+def aligned_config(stock_config, family: Family, norm_target: float, variant: NormVariant):
+    """The stock config as the aligned class's (``normaligned_<model_type>``), with the norm's fields."""
+    from modeling_llava_normaligned.configuration_normaligned_vlm import aligned_config_class
+
+    values = stock_config.to_dict()
+    for key in ("model_type", "architectures", "auto_map", "transformers_version"):
+        values.pop(key, None)
+    return aligned_config_class(stock_config.model_type)(
+        **values,
+        norm_family=family.name,
+        norm_connector=family.projector,
+        norm_entry=family.norm_entry,
+        norm_target=norm_target,
+        norm_init=variant.norm_init,
+        gradient_compensation=variant.gradient_compensation,
+        gradient_compensation_min=variant.gradient_compensation_min,
+    )
+
+
+def wrap(stock, family: Family, norm_target: float, variant: NormVariant):
+    """The aligned model holding ``stock``'s weights (the same tensors: nothing is copied) plus a new norm."""
+    import torch
+
+    from modeling_llava_normaligned.configuration_normaligned_vlm import ALIGNED_NORM_NAME
+    from modeling_llava_normaligned.modeling_normaligned_vlm import aligned_model_class, new_aligned_norm
+
+    config = aligned_config(stock.config, family, norm_target, variant)
+    with torch.device("meta"):
+        model = aligned_model_class(stock.config.model_type)(config)
+    state = stock.state_dict()
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    norm_keys = {f"{family.projector}.{ALIGNED_NORM_NAME}.{name}" for name in ("weight", "bias")}
+    if set(missing) != norm_keys or unexpected:
+        raise AlignError(f"the aligned {type(model).__name__} does not hold {type(stock).__name__}'s weights as they "
+                         f"are (missing {sorted(set(missing) - norm_keys)[:3]}, unexpected {unexpected[:3]})")
+    buffers = dict(stock.named_buffers())
+    for name, _ in list(model.named_buffers()):  # the buffers no state dict holds (rotary frequencies, ids)
+        if name not in state and name in buffers:
+            owner, _, attribute = name.rpartition(".")
+            module = model.get_submodule(owner) if owner else model
+            setattr(module, attribute, buffers[name])  # nn.Module.__setattr__ keeps a buffer a buffer
+    connector = model.get_submodule(family.projector)
+    reference = next(p for p in stock.get_submodule(family.projector).parameters() if p.is_floating_point())
+    connector.add_module(ALIGNED_NORM_NAME, new_aligned_norm(config).to(device=reference.device, dtype=reference.dtype))
+    model.tie_weights()
+    still_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
+    if still_meta:
+        raise AlignError(f"the aligned model left {len(still_meta)} tensors unset ({still_meta[0]}, ...)")
+    model.generation_config = stock.generation_config
+    return model.train(stock.training)
+
+
+def align(
+    model_id: str,
+    *,
+    norm_init: str = "target",
+    gradient_compensation: bool = True,
+    gradient_compensation_min: float = 1e-3,
+    dtype=None,
+    revision: str | None = None,
+    trust_remote_code: bool | None = None,
+):
+    """The stock VLM ``model_id`` with the aligned LayerNorm where its connector's output enters the LLM (gain
+    T / sqrt(D), or 1 with ``norm_init="default"``; GWC unless turned off). On a text-only input it computes what
+    the stock model computes. Raises ``AlignError`` for a family ``align`` does not support."""
+    variant = NormVariant(norm_init=norm_init, gradient_compensation=gradient_compensation,
+                          gradient_compensation_min=gradient_compensation_min)
+    config = load_config(model_id, revision=revision, trust_remote_code=trust_remote_code)
+    family = alignable_family(config, model_id)
+    stock, _ = load_model(model_id, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code)
+    return wrap(stock, family, norm_target_of(stock, family), variant)
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+
+
+def _processor_source(model_id: str, revision: str | None) -> str:
+    """A local folder holding ``model_id``'s processor files (the folder itself, or the Hub files downloaded)."""
+    if os.path.isdir(model_id):
+        return model_id
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model_id, revision=revision, allow_patterns=list(_PROCESSOR_PATTERNS))
+
+
+def copy_processor_files(source: str, output_dir: str, stock_model_type: str) -> list[str]:
+    """Copy the processor's files (tokenizer, image processor, chat template) from ``source`` to ``output_dir``;
+    when none of them names the processor class (transformers then picks it by the config's model type, which is
+    now the aligned one), name the family's in ``processor_config.json``."""
+    copied = []
+    for name in sorted(os.listdir(source)):
+        path = os.path.join(source, name)
+        if name == "additional_chat_templates" and os.path.isdir(path):
+            shutil.copytree(path, os.path.join(output_dir, name))
+            copied.append(name)
+        elif os.path.isfile(path) and name not in _MODEL_FILES and not name.endswith(_MODEL_SUFFIXES) \
+                and not name.startswith("."):
+            shutil.copy2(path, os.path.join(output_dir, name))
+            copied.append(name)
+    named = False
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        path = os.path.join(output_dir, name)
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    named = named or bool(json.load(f).get("processor_class"))
+            except (OSError, ValueError):
+                pass
+    if not named:
+        from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+        processor_class = PROCESSOR_MAPPING_NAMES.get(stock_model_type)
+        if processor_class:
+            path = os.path.join(output_dir, "processor_config.json")
+            stored = {}
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    stored = json.load(f)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({**stored, "processor_class": processor_class}, f, indent=2)
+    return copied
+
+
+def save_aligned(model, output_dir: str, processor_source: str | None = None) -> None:
+    """Write ``model`` (weights, config, the remote code) and the processor files to ``output_dir`` through a
+    temporary folder beside it, renamed at the end: a failed or stopped run leaves nothing half-written."""
+    output_dir = os.path.abspath(os.path.expanduser(output_dir))
+    parent = os.path.dirname(output_dir)
+    os.makedirs(parent, exist_ok=True)
+    stock_model_type = model.config.model_type.removeprefix("normaligned_")
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.", dir=parent)
+    try:
+        model.save_pretrained(staging)
+        if processor_source is not None:
+            copy_processor_files(processor_source, staging, stock_model_type)
+        if os.path.isdir(output_dir):
+            os.rmdir(output_dir)  # checked empty before the run
+        os.replace(staging, output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------------- CLI
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llava-normaligned align",
+        description="Put the paper's aligned LayerNorm (gain T/sqrt(D), GWC) into a saved vision-language model "
+        f"where its connector's output enters the LLM. Families: {supported()}. See docs/align.md.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="Hub id or folder of the stock model")
+    parser.add_argument("--output-dir", required=True, help="new or empty folder to write the aligned model to")
+    parser.add_argument("--revision", default=None, help="branch, tag or commit of MODEL on the Hub (default: main)")
+    parser.add_argument("--dtype", type=dtype_argument, default=None,
+                        help="dtype to load and save in: bfloat16, float16, float32 (default: as stored)")
+    add_trust_remote_code_flags(parser)
+    add_norm_flags(parser)
+    return parser
+
+
+def _check_arguments(args) -> NormVariant:
+    check_number("--gradient-compensation-min", args.gradient_compensation_min, POSITIVE)
+    check_output_folder("--output-dir", args.output_dir, empty=True)
+    variant = NormVariant.from_args(args)
+    if variant.projector_norm is None:
+        raise BadInput("--projector-norm none: align inserts the norm; without it the stock model is the answer")
+    if looks_like_path(args.model) and not os.path.isdir(os.path.expanduser(args.model)):
+        raise BadInput(f"MODEL {args.model}: no such folder")
+    return variant
+
+
+def align_main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        variant = _check_arguments(args)
+        model = align(
+            args.model,
+            norm_init=variant.norm_init,
+            gradient_compensation=variant.gradient_compensation,
+            gradient_compensation_min=variant.gradient_compensation_min,
+            dtype=args.dtype,
+            revision=args.revision,
+            trust_remote_code=args.trust_remote_code,
+        )
+        source = _processor_source(args.model, args.revision)
+    except (OSError, ValueError) as error:  # BadInput, AlignError, AnatomyError: ValueErrors
+        return fail("align", error)
+    save_aligned(model, args.output_dir, source)
+    cfg = model.config
+    gain = float(model.get_aligned_norm().weight.detach().float().abs().mean())
+    print(f"wrote {args.output_dir}: family={cfg.norm_family} norm at {cfg.norm_connector} ({cfg.norm_entry}) "
+          f"T={cfg.norm_target:.4f} D={cfg.get_text_config().hidden_size} mean|gain|={gain:.5f} "
+          f"GWC={cfg.gradient_compensation}")
+    return 0
+
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "AlignError", "align", "align_main", "alignable_family",
+           "copy_processor_files", "norm_target_of", "save_aligned", "wrap"]

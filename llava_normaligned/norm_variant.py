@@ -1,0 +1,143 @@
+"""The projector norm's four options, parsed once: which norm (``projector_norm``), its initial gain (``norm_init``),
+and Global Weight Compensation (``gradient_compensation``, ``gradient_compensation_min``); the paper's ablation
+(Tables 4-5).
+
+``NormVariant`` holds the four, validated, as ``LlavaNormAlignedConfig`` spells them (``projector_norm`` None for the
+"w/o Norm" row; the command line's ``"none"`` is read as None). It is built from a command's flags
+(``NormVariant.from_args``), from a config (``from_config``) or from a mapping (``from_dict``), and gives the config's
+keyword arguments (``config_kwargs``). The flags themselves are defined here once: ``add_norm_flags`` for
+``compose`` and ``convert`` (argparse), ``variant_field`` for ``train``'s fields (each unset unless given: a stage
+starts from the model as it is). Standard library only, so ``--help`` imports neither torch nor transformers.
+
+The model file (pushed to the Hub, torch and transformers only) checks the same values in its config and builds the
+norm from them (``LlavaNormAlignedProjector.reset_norm``); ``tests/test_norm_variant.py`` holds the two to the
+same choices and defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+NORM_FIELDS = ("projector_norm", "norm_init", "gradient_compensation", "gradient_compensation_min")
+PROJECTOR_NORMS = ("layernorm", None)  # as the config spells them; on the command line None is "none"
+NORM_INITS = ("target", "default")
+NO_NORM = "none"  # the command line's spelling of projector_norm None
+
+
+@dataclass(frozen=True)
+class NormVariant:
+    """The projector norm's options, validated (a ``ValueError`` names the option). Defaults: the paper's method
+    (LayerNorm, gain T/sqrt(D), GWC clamped at 1e-3), as ``LlavaNormAlignedConfig``'s."""
+
+    projector_norm: str | None = "layernorm"
+    norm_init: str = "target"
+    gradient_compensation: bool = True
+    gradient_compensation_min: float = 1e-3
+
+    def __post_init__(self):
+        if self.projector_norm == NO_NORM:
+            object.__setattr__(self, "projector_norm", None)
+        if self.projector_norm not in PROJECTOR_NORMS:
+            raise ValueError(f"projector_norm must be 'layernorm' or '{NO_NORM}' (None), got {self.projector_norm!r}")
+        if self.norm_init not in NORM_INITS:
+            raise ValueError(f"norm_init must be one of {', '.join(map(repr, NORM_INITS))}, got {self.norm_init!r}")
+        if not isinstance(self.gradient_compensation, bool):
+            raise ValueError(  # noqa: TRY004 (a bad option value: every command reports a ValueError as bad input)
+                f"gradient_compensation must be True or False, got {self.gradient_compensation!r}")
+        low = self.gradient_compensation_min
+        if isinstance(low, bool) or not isinstance(low, (int, float)) or not (low > 0 and math.isfinite(low)):
+            raise ValueError(f"gradient_compensation_min must be a positive finite number, got {low!r}")
+        object.__setattr__(self, "gradient_compensation_min", float(low))
+
+    @classmethod
+    def from_dict(cls, values: Mapping, base: NormVariant | None = None) -> NormVariant:
+        """``base`` (default: the defaults) with the options ``values`` gives; any other key is an error."""
+        unknown = sorted(set(values) - set(NORM_FIELDS))
+        if unknown:
+            raise ValueError(f"not a projector-norm option: {', '.join(unknown)} "
+                             f"(the options: {', '.join(NORM_FIELDS)})")
+        return dataclasses.replace(base or cls(), **values)
+
+    @classmethod
+    def from_config(cls, config) -> NormVariant:
+        """The options of a ``LlavaNormAlignedConfig`` or of its ``config.json`` (a dict)."""
+        read = config.get if isinstance(config, Mapping) else lambda key: getattr(config, key, None)
+        if read("projector_norm") is None and read("norm_init") is None:  # no norm field at all: not this model's
+            kind = read("model_type") or type(config).__name__
+            raise ValueError(f"a {kind} config has no projector-norm options: not a norm-aligned LLaVA")
+        # projector_norm None is the "w/o Norm" row; another option missing (an older config.json): the default
+        return cls(**{key: read(key) for key in NORM_FIELDS if key == "projector_norm" or read(key) is not None})
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> NormVariant:
+        """The options of a parser ``add_norm_flags`` built (``compose``, ``convert``)."""
+        return cls(**{key: getattr(args, key) for key in NORM_FIELDS})
+
+    @classmethod
+    def given(cls, values) -> dict:
+        """The options ``values`` (an object or a mapping holding the four, None where not given: ``train``'s fields)
+        sets, parsed and validated, as the config spells them (``{"projector_norm": None}`` for ``"none"``)."""
+        read = values.get if isinstance(values, Mapping) else lambda key: getattr(values, key, None)
+        given = {key: read(key) for key in NORM_FIELDS if read(key) is not None}
+        parsed = cls.from_dict(given)
+        return {key: getattr(parsed, key) for key in given}
+
+    def config_kwargs(self) -> dict:
+        """The four as ``LlavaNormAlignedConfig``'s keyword arguments."""
+        return {key: getattr(self, key) for key in NORM_FIELDS}
+
+    def changes_from(self, other: NormVariant) -> dict:
+        """The options whose value here differs from ``other``'s (this variant's values)."""
+        return {key: getattr(self, key) for key in NORM_FIELDS if getattr(self, key) != getattr(other, key)}
+
+    def describe(self) -> str:
+        """One phrase for logs and errors: ``none (w/o Norm)`` or ``layernorm, target init, with GWC``."""
+        if self.projector_norm is None:
+            return f"{NO_NORM} (w/o Norm)"
+        gwc = f"with GWC (clamp {self.gradient_compensation_min:g})" if self.gradient_compensation else "without GWC"
+        return f"{self.projector_norm}, {self.norm_init} init, {gwc}"
+
+
+# ------------------------------------------------------------------------------- the flags, for every command
+
+DEFAULT = NormVariant()
+# What each option does, as every command's --help says it.
+WHAT = {
+    "projector_norm": "'layernorm', or 'none' for exactly stock LLaVA (paper: w/o Norm)",
+    "norm_init": "'target': gain T/sqrt(D) (paper §5.1); 'default': gain 1 (paper Table 5)",
+    "gradient_compensation": "Global Weight Compensation (GWC, paper §5.1)",
+    "gradient_compensation_min": "the GWC clamp: gradients are scaled by 1 / clamp(mean |gain|, this)",
+}
+CHOICES = {"projector_norm": ["layernorm", NO_NORM], "norm_init": list(NORM_INITS)}
+GROUP_TITLE = "projector norm (the paper's ablation, Tables 4-5)"
+
+
+def add_norm_flags(parser: argparse.ArgumentParser):
+    """``--projector-norm``, ``--norm-init``, ``--no-gradient-compensation`` and ``--gradient-compensation-min``, in
+    their own group, each defaulting to the paper's method; read them back with ``NormVariant.from_args``."""
+    group = parser.add_argument_group(GROUP_TITLE)
+    for key in ("projector_norm", "norm_init"):
+        group.add_argument("--" + key.replace("_", "-"), choices=CHOICES[key], default=getattr(DEFAULT, key),
+                           help=f"{WHAT[key]} (default: {getattr(DEFAULT, key)})")
+    group.add_argument("--no-gradient-compensation", dest="gradient_compensation", action="store_false",
+                       help=f"turn {WHAT['gradient_compensation']} off")
+    group.add_argument("--gradient-compensation-min", type=float, default=DEFAULT.gradient_compensation_min,
+                       help=f"{WHAT['gradient_compensation_min']} (default: {DEFAULT.gradient_compensation_min:g})")
+    return group
+
+
+def variant_field(key: str):
+    """``train``'s field for option ``key``: unset (None) unless given, and then applied before stage 1
+    (``StageArguments.variant``)."""
+    metadata = {"help": f"stage 1 variant: {WHAT[key]}" + (" on/off" if key == "gradient_compensation" else "")
+                + "; default: as the model is"}
+    if key in CHOICES:
+        metadata["choices"] = CHOICES[key]
+    return dataclasses.field(default=None, metadata=metadata)
+
+
+__all__ = ["NORM_FIELDS", "NormVariant", "add_norm_flags", "variant_field"]
