@@ -185,7 +185,7 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
         super().__init__(config)
         # Kept for ``reset_norm``; not named ``config``, which transformers reads on submodules as their own config.
         self._norm_config = config
-        self.norm = _new_norm(config)  # its values: the model's ``_init_weights``, or the checkpoint's
+        self.norm = new_norm(config)  # its values: the model's ``_init_weights``, or the checkpoint's
 
     @torch.no_grad()
     def reset_norm(self, config: LlavaNormAlignedConfig | None = None) -> NormAlignedLayerNorm | None:
@@ -198,11 +198,11 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
         0, on the device and in the dtype of the projector's own weights. Returns the new norm (or None).
         """
         config = self._norm_config if config is None else config
-        norm = _new_norm(config)
+        norm = new_norm(config)
         if norm is not None:
             reference = self.linear_1.weight
             norm = norm.to(device=reference.device, dtype=reference.dtype)
-            _fill_norm(norm, config)
+            fill_norm(norm, norm_gain_init(config))
         self.norm = norm
         return norm
 
@@ -213,21 +213,22 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
         return hidden_states
 
 
-def _new_norm(config: LlavaNormAlignedConfig) -> NormAlignedLayerNorm | None:
-    """The projector norm ``config`` asks for, its values not set yet; None for the "w/o Norm" variant."""
-    if config.projector_norm is None:  # paper "w/o Norm": exactly the stock projector
+def new_norm(config) -> NormAlignedLayerNorm | None:
+    """The aligned norm ``config`` asks for (this model's config, or an aligned stock VLM's), its values not set
+    yet; None for the "w/o Norm" variant. Width: the LLM's (``config.get_text_config().hidden_size``)."""
+    if getattr(config, "projector_norm", "layernorm") is None:  # paper "w/o Norm": exactly the stock projector
         return None
     return NormAlignedLayerNorm(
-        config.text_config.hidden_size,
+        config.get_text_config().hidden_size,
         compensation=config.gradient_compensation,
         compensation_min=config.gradient_compensation_min,
     )
 
 
 @torch.no_grad()
-def _fill_norm(norm: NormAlignedLayerNorm, config: LlavaNormAlignedConfig) -> None:
-    """Gain ``norm_gain_init(config)`` (T / sqrt(D) or 1), bias 0, whatever the norm held (paper §5.1)."""
-    norm.weight.fill_(norm_gain_init(config))
+def fill_norm(norm: NormAlignedLayerNorm, gain: float) -> None:
+    """Gain ``gain`` (T / sqrt(D) or 1: ``norm_gain_init``), bias 0, whatever the norm held (paper §5.1)."""
+    norm.weight.fill_(gain)
     norm.bias.zero_()
 
 
@@ -339,7 +340,7 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
         if self.get_input_embeddings().weight.device.type == "meta":
             return
         self.config.norm_target = model_norm_target(self)
-        _fill_norm(norm, self.config)
+        fill_norm(norm, norm_gain_init(self.config))
 
     def get_projector_norm(self) -> NormAlignedLayerNorm | None:
         """The projector's aligned LayerNorm; None for the "w/o Norm" variant (or while the base is not built)."""

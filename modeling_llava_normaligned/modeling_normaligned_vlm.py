@@ -34,7 +34,7 @@ from .configuration_normaligned_vlm import (
     STOCK_MODEL_TYPES,
     aligned_config_class,
 )
-from .modeling_llava_normaligned import NormAlignedLayerNorm, gain_init
+from .modeling_llava_normaligned import NormAlignedLayerNorm, fill_norm, gain_init, new_norm
 
 _MODEL_CLASSES: dict = {}
 
@@ -42,13 +42,8 @@ _MODEL_CLASSES: dict = {}
 def new_aligned_norm(config) -> NormAlignedLayerNorm:
     """The norm the config asks for, gain T / sqrt(D) (or 1 for ``norm_init="default"``; 1 while T is unknown),
     bias 0."""
-    hidden_size = config.get_text_config().hidden_size
-    norm = NormAlignedLayerNorm(
-        hidden_size, compensation=config.gradient_compensation, compensation_min=config.gradient_compensation_min
-    )
-    with torch.no_grad():
-        norm.weight.fill_(_gain(config))
-        norm.bias.zero_()
+    norm = new_norm(config)
+    fill_norm(norm, _gain(config))
     return norm
 
 

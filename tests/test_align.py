@@ -389,3 +389,16 @@ def test_the_model_file_and_the_command_know_the_same_families():
     for model_type in SUPPORTED_MODEL_TYPES:  # the docs' table has a row for every family, naming the norm's path
         row = next(line for line in rows if f"(`{model_type}`)" in line)
         assert f"`{family_of(model_type).projector}.{ALIGNED_NORM_NAME}`" in row, model_type
+
+
+def test_the_aligned_folder_names_no_local_path(folders):
+    """What `align` writes is published as it is (`push`): its JSON and text files name the stock model by its own
+    name, never by the folder it was read from."""
+    from llava_normaligned.public_names import local_paths_in
+
+    for family, (stock, aligned) in folders.items():
+        for name in sorted(os.listdir(aligned)):
+            if name.endswith((".json", ".jinja", ".py", ".md")):
+                with open(os.path.join(aligned, name), encoding="utf-8") as f:
+                    text = f.read()
+                assert stock not in text and not local_paths_in(text), (family, name, local_paths_in(text))
