@@ -39,7 +39,7 @@ BIBTEX = """@article{li2025unseenbias,
   journal = {arXiv preprint arXiv:2512.08374},
   year    = {2025}
 }"""
-BASE_TAGS = ("llava", "llava-normaligned", "vision-language", "norm-alignment", "custom_code", f"arxiv:{PAPER_ARXIV}")
+BASE_TAGS = ("llava-normaligned", "vision-language", "norm-alignment", "custom_code", f"arxiv:{PAPER_ARXIV}")
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
@@ -282,6 +282,38 @@ def _params(ckpt: Checkpoint, part: str | None = None) -> int:
     return sum(math.prod(shape) for name, shape in ckpt.shapes.items() if part is None or family.part_of(name) == part)
 
 
+def aligned(cfg: dict) -> bool:
+    """Whether the checkpoint is a stock VLM of another family with the aligned norm (``llava-normaligned align``)."""
+    return bool(cfg.get("norm_connector"))
+
+
+def _has_norm(cfg: dict) -> bool:
+    return cfg.get("projector_norm") == "layernorm" or aligned(cfg)
+
+
+def headline(ckpt: Checkpoint) -> str:
+    """The card's first sentence: what the model is."""
+    cfg = ckpt.config
+    vision, text = _part(cfg.get("vision_config", {}), "vision encoder"), _part(cfg.get("text_config", {}), "")
+    if not aligned(cfg):
+        return (f"A LLaVA-style vision-language model: {vision['summary']} + {text['summary']}, joined by "
+                f"{projector_summary(cfg)}.")
+    source = hub_id(cfg.get("norm_source"))
+    stock = f"`{source}`" if source else "a local checkpoint"
+    return (f"A vision-language model of the {cfg.get('norm_family')} family ({stock}) with {projector_summary(cfg)}, "
+            f"put in by `llava-normaligned align`: {vision['summary']} + {text['summary']}.")
+
+
+def without_remote_code(cfg: dict) -> str:
+    """How the installed package serves the checkpoint without running the repository's code."""
+    if aligned(cfg):
+        return ("Without remote code: `pip install llava-normaligned`, then `from modeling_llava_normaligned import "
+                "register_aligned_auto_classes; register_aligned_auto_classes()` before "
+                "`from_pretrained(repo_id, revision=revision)`; the installed package serves the model.")
+    return ("Without remote code: `pip install llava-normaligned`, then `import modeling_llava_normaligned` before\n"
+            "`from_pretrained(repo_id, revision=revision)`; the installed package serves the model.")
+
+
 def architecture_rows(ckpt: Checkpoint) -> list[tuple[str, str]]:
     cfg, vis, txt = ckpt.config, ckpt.config.get("vision_config", {}), ckpt.config.get("text_config", {})
     image_size, patch = vis.get("image_size"), vis.get("patch_size")
@@ -298,10 +330,17 @@ def architecture_rows(ckpt: Checkpoint) -> list[tuple[str, str]]:
     template = "included" if (ckpt.folder / "chat_template.jinja").is_file() else "none"
     processor = (f"{proc.get('processor_class', 'n/a')}, image token `{proc.get('image_token', 'n/a')}`, "
                  f"chat template {template}")
+    if aligned(cfg):
+        entry = ("its output" if cfg.get("norm_entry") == "connector_output"
+                 else "the image features it gives the LLM (`get_image_features`)")
+        features = f"as the stock {cfg.get('norm_family')} model reads them"
+        projector = f"the stock connector `{cfg.get('norm_connector')}`, then LayerNorm ({_norm_recipe(cfg)}) on {entry}"
+    else:
+        projector = f"2-layer MLP ({cfg.get('projector_hidden_act')}){norm}"
     return [
         ("vision encoder", vision),
         ("visual features", features),
-        ("projector", f"2-layer MLP ({cfg.get('projector_hidden_act')}){norm}"),
+        ("projector", projector),
         ("language model", text),
         ("parameters", params),
         ("weights", f"{cfg.get('dtype') or cfg.get('torch_dtype') or 'float32'}, safetensors"),
@@ -312,8 +351,7 @@ def architecture_rows(ckpt: Checkpoint) -> list[tuple[str, str]]:
 
 def _is_full_recipe(cfg: dict) -> bool:
     """The paper's method as published: LayerNorm, gain T/√D, GWC on (§5.1)."""
-    return (cfg.get("projector_norm") == "layernorm" and cfg.get("norm_init") == "target"
-            and bool(cfg.get("gradient_compensation")))
+    return _has_norm(cfg) and cfg.get("norm_init") == "target" and bool(cfg.get("gradient_compensation"))
 
 
 def _norm_recipe(cfg: dict) -> str:
@@ -323,6 +361,9 @@ def _norm_recipe(cfg: dict) -> str:
 
 def projector_summary(cfg: dict) -> str:
     """The card's headline name of the projector, from the checkpoint's config (its ablation variant)."""
+    if aligned(cfg):
+        what = "the paper's norm-aligning LayerNorm" if _is_full_recipe(cfg) else "a LayerNorm"
+        return f"{what} ({_norm_recipe(cfg)}) where its connector's output enters the LLM"
     if cfg.get("projector_norm") is None:
         return "a 2-layer MLP projector (no norm: stock LLaVA's)"
     if _is_full_recipe(cfg):
@@ -339,31 +380,35 @@ def method_text(cfg: dict) -> str:
 
 def variant_text(cfg: dict) -> str:
     """The checkpoint's place in the paper's ablation (Tables 4-5), from its config."""
-    if cfg.get("projector_norm") is None:
+    if not _has_norm(cfg):
         return "no projector norm: stock LLaVA, the paper's \"w/o Norm\" baseline."
     init = ("gain initialised to T/√D (§5.1)" if cfg.get("norm_init") == "target"
             else "gain initialised to 1, bias 0 (the paper's \"Default Init\" ablation, Table 5)")
     gwc = (f"Global Weight Compensation on (clamp {cfg.get('gradient_compensation_min')})"
            if cfg.get("gradient_compensation") else "Global Weight Compensation off (the paper's \"w/o GWC\" row)")
-    return f"LayerNorm after the projector, {init}; {gwc}."
+    where = (f"LayerNorm at the output of the stock {cfg.get('norm_family')} connector (`{cfg.get('norm_connector')}`)"
+             if aligned(cfg) else "LayerNorm after the projector")
+    return f"{where}, {init}; {gwc}."
 
 
 def norm_statistics(ckpt: Checkpoint) -> tuple[list[tuple[str, str]], dict]:
     """Rows of the norm-statistics table and the raw numbers, from config and weights (paper §5.1, Table 5), each
     computed by the model's own functions (the ones compose, training and diagnose use)."""
-    from modeling_llava_normaligned import gain_init, gain_statistics, image_token_id_of, text_embedding_norm_target
+    from modeling_llava_normaligned import gain_init, gain_statistics, text_embedding_norm_target
 
     cfg, family = ckpt.config, _family(ckpt)
     d = cfg.get("text_config", {}).get("hidden_size")
     t_config = cfg.get("norm_target")
     stats: dict = {"D": d, "T_config": t_config}
     rows = [("D (LLM width)", _fmt(d))]
-    rows.append(("T, mean L2 norm of the LLM's non-zero text-embedding rows, when composed (config)", _fmt(t_config)))
+    when = "when aligned" if aligned(cfg) else "when composed"
+    rows.append((f"T, mean L2 norm of the LLM's non-zero text-embedding rows, {when} (config)", _fmt(t_config)))
     embed = _tensor(ckpt, family.embed_tokens_path + ".weight")
-    if embed is not None:  # the image token's row is not text: left out, as everywhere (paper §5.1)
-        stats["T_now"] = text_embedding_norm_target(embed, exclude_token_ids=(image_token_id_of(cfg),))
+    if embed is not None:  # the placeholder tokens' rows are not text: left out, as everywhere (paper §5.1)
+        scale = math.sqrt(d) if family.scaled_embeddings and d else 1.0  # Gemma scales its rows in embed_tokens
+        stats["T_now"] = scale * text_embedding_norm_target(embed, exclude_token_ids=family.placeholder_token_ids(cfg))
         rows.append(("T measured on this checkpoint's embeddings", _fmt(stats["T_now"])))
-    if cfg.get("projector_norm") is None:
+    if not _has_norm(cfg):
         rows.append(("projector norm", "none (stock LLaVA)"))
         return rows, stats
     if d and (t_config or cfg.get("norm_init") == "default"):
@@ -569,12 +614,13 @@ def card_metadata(ckpt: Checkpoint, options: CardOptions) -> ModelCardData:
     training = ckpt.training if isinstance(ckpt.training, dict) else {}
     if options.base_models:
         base, relation = list(options.base_models), options.base_model_relation
-    else:
-        llm = _part(cfg.get("text_config", {}), "")["id"]
+    else:  # an aligned stock VLM continues from the stock model, a composed LLaVA from its LLM
+        llm = hub_id(cfg.get("norm_source")) if aligned(cfg) else _part(cfg.get("text_config", {}), "")["id"]
         base = [llm] if llm else []
         relation = options.base_model_relation or ("finetune" if base and ckpt.training else None)
     datasets = list(dict.fromkeys(list(options.datasets) + training_datasets(training)))
-    tags = list(BASE_TAGS) + (["trl", "sft"] if ckpt.training else []) + list(options.tags)
+    family_tags = [cfg.get("norm_family")] if aligned(cfg) and cfg.get("norm_family") else ["llava"]
+    tags = family_tags + list(BASE_TAGS) + (["trl", "sft"] if ckpt.training else []) + list(options.tags)
     extra = {"base_model_relation": relation} if base and relation else {}
     return ModelCardData(
         library_name="transformers",
@@ -607,10 +653,8 @@ def render_card(folder: str | os.PathLike, options: CardOptions | None = None) -
         revision=options.revision,
         branch=options.branch or "main",
         trained=ckpt.training is not None,
-        vision=_part(cfg.get("vision_config", {}), "vision encoder"),
-        text=_part(cfg.get("text_config", {}), "language model"),
-        projector={"summary": projector_summary(cfg)},
-        variant=variant_text(cfg),
+        headline=headline(ckpt),
+        without_remote_code=without_remote_code(cfg),
         method=method_text(cfg),
         architecture=_cells(architecture_rows(ckpt)),
         norm_rows=_cells(norm_rows),

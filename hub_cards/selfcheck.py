@@ -307,8 +307,12 @@ def check_remote_code(plan: UploadPlan) -> None:
             raise SelfCheckError(f"{where} points into another repo, whose code trust_remote_code would run")
         if module not in siblings:
             raise SelfCheckError(f"{where}, but {module}.py is not in the folder")
-        defined = {n.name for n in trees[f"{module}.py"].body if isinstance(n, ast.ClassDef)}
-        if class_name not in defined:
+        body = trees[f"{module}.py"].body
+        defined = {n.name for n in body if isinstance(n, ast.ClassDef)}
+        # a module-level __getattr__ (PEP 562) makes classes on first use, as the aligned stock models' file does
+        # (one class per family): the load check below is what shows the class is there
+        makes_classes = any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in body)
+        if class_name not in defined and not makes_classes:
             raise SelfCheckError(f"{where}, but {module}.py defines no class {class_name}")
     for name, tree in trees.items():
         for line, module, level in _imports(tree):

@@ -70,18 +70,16 @@ def alignable_family(config, model_id: str) -> Family:
     return family
 
 
-def norm_target_of(model, family: Family) -> float:
+def norm_target_of(model) -> float:
     """T of a stock ``model``: the mean L2 norm of its LLM's input-embedding rows, the family's placeholder rows left
-    out, times the embedding layer's own scale (Gemma multiplies its rows by sqrt(D) in ``embed_tokens``)."""
-    from modeling_llava_normaligned import text_embedding_norm_target
-
-    embeddings = anatomy_of(model).input_embeddings
-    target = text_embedding_norm_target(embeddings.weight, exclude_token_ids=family.placeholder_token_ids(model.config))
-    return target * float(getattr(embeddings, "scalar_embed_scale", 1.0))
+    out, times the embedding layer's own scale (Gemma multiplies its rows by sqrt(D) in ``embed_tokens``):
+    ``Anatomy.text_norm_target``, the measure training and diagnostics use."""
+    return anatomy_of(model).text_norm_target()
 
 
-def aligned_config(stock_config, family: Family, norm_target: float, variant: NormVariant):
-    """The stock config as the aligned class's (``normaligned_<model_type>``), with the norm's fields."""
+def aligned_config(stock_config, family: Family, norm_target: float, variant: NormVariant, source: str | None = None):
+    """The stock config as the aligned class's (``normaligned_<model_type>``), with the norm's fields; ``source``:
+    the stock model's Hub id (``norm_source``, the model card's base model), None for a local folder."""
     from modeling_llava_normaligned.configuration_normaligned_vlm import aligned_config_class
 
     values = stock_config.to_dict()
@@ -96,17 +94,18 @@ def aligned_config(stock_config, family: Family, norm_target: float, variant: No
         norm_init=variant.norm_init,
         gradient_compensation=variant.gradient_compensation,
         gradient_compensation_min=variant.gradient_compensation_min,
+        norm_source=source,
     )
 
 
-def wrap(stock, family: Family, norm_target: float, variant: NormVariant):
+def wrap(stock, family: Family, norm_target: float, variant: NormVariant, source: str | None = None):
     """The aligned model holding ``stock``'s weights (the same tensors: nothing is copied) plus a new norm."""
     import torch
 
     from modeling_llava_normaligned.configuration_normaligned_vlm import ALIGNED_NORM_NAME
     from modeling_llava_normaligned.modeling_normaligned_vlm import aligned_model_class, new_aligned_norm
 
-    config = aligned_config(stock.config, family, norm_target, variant)
+    config = aligned_config(stock.config, family, norm_target, variant, source)
     with torch.device("meta"):
         model = aligned_model_class(stock.config.model_type)(config)
     state = stock.state_dict()
@@ -150,7 +149,8 @@ def align(
     config = load_config(model_id, revision=revision, trust_remote_code=trust_remote_code)
     family = alignable_family(config, model_id)
     stock, _ = load_model(model_id, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code)
-    return wrap(stock, family, norm_target_of(stock, family), variant)
+    source = None if os.path.isdir(os.path.expanduser(model_id)) else model_id  # a Hub id: the card's base model
+    return wrap(stock, family, norm_target_of(stock), variant, source)
 
 
 # ---------------------------------------------------------------------------------------------------- writing

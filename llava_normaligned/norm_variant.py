@@ -64,13 +64,17 @@ class NormVariant:
 
     @classmethod
     def from_config(cls, config) -> NormVariant:
-        """The options of a ``LlavaNormAlignedConfig`` or of its ``config.json`` (a dict)."""
+        """The options of a ``LlavaNormAlignedConfig``, of a stock VLM's config ``align`` wrote (its norm is always
+        a LayerNorm: ``norm_connector`` names where), or of either's ``config.json`` (a dict)."""
         read = config.get if isinstance(config, Mapping) else lambda key: getattr(config, key, None)
         if read("projector_norm") is None and read("norm_init") is None:  # no norm field at all: not this model's
             kind = read("model_type") or type(config).__name__
             raise ValueError(f"a {kind} config has no projector-norm options: not a norm-aligned LLaVA")
+        values = {key: read(key) for key in NORM_FIELDS if key == "projector_norm" or read(key) is not None}
+        if read("norm_connector") is not None:  # an aligned stock VLM
+            values["projector_norm"] = "layernorm"
         # projector_norm None is the "w/o Norm" row; another option missing (an older config.json): the default
-        return cls(**{key: read(key) for key in NORM_FIELDS if key == "projector_norm" or read(key) is not None})
+        return cls(**values)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> NormVariant:

@@ -16,14 +16,12 @@ from llava_normaligned.families.anatomy import anatomy_of, projector_norm_of, st
 
 
 def text_embedding_norm(model) -> float:
-    """T (paper §5.1), as the model computes it (``modeling_llava_normaligned.text_embedding_norm_target``, the
-    image token's row left out).
+    """T (paper §5.1), as the LLM receives text (``Anatomy.text_norm_target``: the placeholder tokens' rows left out,
+    Gemma's embedding scale counted).
 
-    Falls back to the config's ``norm_target`` (T when the model was composed) when the embeddings are sharded
-    (ZeRO-3, FSDP) or not materialised here.
+    Falls back to the config's ``norm_target`` (T when the model was composed or aligned) when the embeddings are
+    sharded (ZeRO-3, FSDP) or not materialised here.
     """
-    from modeling_llava_normaligned import text_embedding_norm_target
-
     anatomy = anatomy_of(model)
     weight = anatomy.input_embeddings.weight
     sharded = hasattr(weight, "full_tensor") or weight.numel() == 0
@@ -32,7 +30,7 @@ def text_embedding_norm(model) -> float:
         if target is None:
             raise ValueError("the text embeddings are not materialised here and the config has no norm_target")
         return float(target)
-    return text_embedding_norm_target(weight, exclude_token_ids=(anatomy.image_token_id,))
+    return anatomy.text_norm_target(weight)
 
 
 @torch.no_grad()

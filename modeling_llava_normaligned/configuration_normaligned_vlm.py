@@ -74,7 +74,7 @@ def aligned_config_class(stock_model_type: str):
         "__doc__": f"{stock.__name__} with the norm-aligned LayerNorm at the connector's output (paper §5.1): "
         "`norm_family` (the package's family name), `norm_connector` (the connector's module path), `norm_entry`, "
         "`norm_target` (T, the text-embedding norm the vision tokens are aligned to), `norm_init`, "
-        "`gradient_compensation` and `gradient_compensation_min` (GWC).",
+        "`gradient_compensation` and `gradient_compensation_min` (GWC), `norm_source` (the stock model's Hub id).",
         "model_type": MODEL_TYPE_PREFIX + stock_model_type,
         "__annotations__": {
             "norm_family": "str | None",
@@ -84,6 +84,7 @@ def aligned_config_class(stock_model_type: str):
             "norm_init": "str",
             "gradient_compensation": "bool",
             "gradient_compensation_min": "float",
+            "norm_source": "str | None",
         },
         "norm_family": None,
         "norm_connector": None,
@@ -92,6 +93,7 @@ def aligned_config_class(stock_model_type: str):
         "norm_init": "target",
         "gradient_compensation": True,
         "gradient_compensation_min": 1e-3,
+        "norm_source": None,
         "__post_init__": __post_init__,
     }
     cls = type(CLASS_PREFIX + stock.__name__, (stock,), namespace)

@@ -77,6 +77,11 @@ def save_family(family: str, out: str) -> str:
         json.dump({**stored, "image_processor_type": stored_name}, f)
     with open(os.path.join(out, "chat_template.jinja"), "w", encoding="utf-8") as f:
         f.write(tokenizer.chat_template)
+    if not family.startswith("qwen"):  # as Idefics3 / SmolVLM checkpoints: the tokens per tile the connector gives
+        vision, scale = model.config.vision_config, model.config.scale_factor
+        per_tile = (vision.image_size // vision.patch_size) ** 2 // scale**2
+        with open(os.path.join(out, "processor_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"image_seq_len": per_tile, "processor_class": stored_name.replace("ImageProcessor", "Processor")}, f)
     return out
 
 def _build(family: str):
@@ -197,7 +202,8 @@ def _connector_output_layer(model, family: str):
 def test_llm_input_norm_is_inputs_embeds_and_connector_scale_k_scales_the_ratio(family, folders):
     model, processor = load_model(folders[family])
     assert family_of(model.config).name == family
-    assert isinstance(processor, ExpandingProcessor)  # the folder's AutoProcessor needs torchvision (Qwen, SmolVLM)
+    # the folder's AutoProcessor needs torchvision (Qwen, SmolVLM); Idefics3's does not, and is transformers' own
+    assert isinstance(processor, ExpandingProcessor) == (family != "idefics3")
     samples = _samples(3)
     before = probe_model(model, processor, _config(), samples)
     assert before["family"] == family

@@ -26,7 +26,8 @@ extra setup), every logging step:
 
 On a stock LLaVA (or the "w/o Norm" variant) only the first three are logged: the gain and GWC fields are absent.
 
-The projector's output is read by a forward hook that keeps a running sum on the device (no extra forward pass,
+The projector's output (its norm's, where it has one: that is what the LLM receives, also in a model ``align``
+wrote) is read by a forward hook that keeps a running sum on the device (no extra forward pass,
 no host sync until a log); the gain's gradient is read once per logging step, before the optimizer step. At the
 end (and at every checkpoint) the records are rebuilt from ``state.log_history`` and written as
 ``norm_tracking.json`` (a JSON list of records ``{"step", "epoch", <metric>: value}``; record step 0 holds the
@@ -88,6 +89,7 @@ class NormTrackingCallback(TrainerCallback):
         self._model = None
         self._text_norm_cache = None
         self._initial = None
+        self._initial_text_norm = None
 
     @classmethod
     def install(cls, trainer, output_dir: str | None = None, update_sizes: bool = True) -> NormTrackingCallback:
@@ -130,9 +132,13 @@ class NormTrackingCallback(TrainerCallback):
     # -------------------------------------------------------------------------------------------- events
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._model = model
-        self._hook = projector_of(model).register_forward_hook(self._on_projector_output)
+        # what the LLM receives at the image positions: the norm's output where the model has one (an aligned LLaVA-NeXT
+        # or OneVision applies it after its projector, to the image features), else the projector's
+        watched = projector_norm_of(model) or projector_of(model)
+        self._hook = watched.register_forward_hook(self._on_projector_output)
         if state.global_step == 0:
             self._initial = {k: v for k, v in gain_statistics(model).items() if k in TABLE5_KEYS}
+            self._initial_text_norm = text_embedding_norm(model)  # T before the first update changes it
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if not will_log(args, state):
@@ -159,7 +165,7 @@ class NormTrackingCallback(TrainerCallback):
             record = {"step": 0, "epoch": 0.0}
             if self._batches:
                 record[PREFIX + "projector_output_norm"] = float(self._sum) / self._batches
-                record[PREFIX + "text_embedding_norm"] = self._text_norm(self._model)
+                record[PREFIX + "text_embedding_norm"] = self._initial_text_norm
                 record[PREFIX + "vision_text_ratio"] = (record[PREFIX + "projector_output_norm"]
                                                         / record[PREFIX + "text_embedding_norm"])
             record.update({PREFIX + k: v for k, v in self._initial.items()})
@@ -219,16 +225,7 @@ def write_norm_tracking(records: list[dict], folder: str) -> str:
 __all__ = [
     "NORM_TRACKING_FILE",
     "NormTrackingCallback",
-    "clip_coefficient",
-    "gain_statistics",
     "norm_records",
-    "part_gradient_norms",
-    "part_parameters",
-    "projected_image_norm",
-    "projector_norm_of",
-    "text_embedding_norm",
-    "update_sizes",
-    "vision_text_norm_ratio",
     "will_log",
     "write_norm_tracking",
 ]

@@ -115,6 +115,8 @@ class LlavaTrainingCollator:
         padding_free: return the rows as one packed row without pad tokens (``padding_free.pack_rows``:
             ``input_ids``/``labels``/``position_ids`` of shape (1, N), no attention mask).
         report_skips: add ``skipped_rows`` (a count) to each batch, for a trainer that pops it (``train.py``'s).
+        images_per_text: give the processor one list of images per row (``Family.images_per_text``: Gemma3's
+            processor counts the images of each sample) instead of one flat list.
     """
 
     processor: object
@@ -123,6 +125,7 @@ class LlavaTrainingCollator:
     pad_to_multiple_of: int | None = None
     padding_free: bool = False
     report_skips: bool = False
+    images_per_text: bool = False
     skipped: int = field(default=0, init=False)
 
     def __post_init__(self):
@@ -135,6 +138,7 @@ class LlavaTrainingCollator:
         self.pixel_table = PixelTable.of(image_processor) if image_processor is not None else None
 
     def _images(self, rows) -> tuple[list, list[bool]]:
+        """(the batch's decoded images, flat or one list per row, whether each row's images all decoded)."""
         from PIL import Image
 
         flat, usable = [], []
@@ -149,8 +153,13 @@ class LlavaTrainingCollator:
                     logger.warning("%s; training on the rest of the batch without this row", err)
                     decoded.append(Image.new("RGB", (64, 64), (255, 255, 255)))
                     ok = False
-            flat += decoded
+            if self.images_per_text:
+                flat.append(decoded)
+            else:
+                flat += decoded
             usable.append(ok)
+        if self.images_per_text and not any(flat):
+            flat = []
         return flat, usable
 
     def _labels(self, batch, rows, usable) -> torch.Tensor:
@@ -207,8 +216,10 @@ class LlavaTrainingCollator:
         )
         if table is not None:
             batch["pixel_values"] = table(batch["pixel_values"])
-        batch = {key: torch.from_numpy(value) if hasattr(value, "__array__") and not isinstance(value, list)
-                 else value for key, value in batch.items()}
+        # numeric arrays become tensors; the expansion records stay Python objects (a processor may hand them over as
+        # a numpy array of objects when the rows' counts differ: Idefics3 with a text-only row first)
+        batch = {key: torch.from_numpy(value) if isinstance(value, np.ndarray) and value.dtype != object else value
+                 for key, value in batch.items()}
         self._check_lengths(batch, rows)
         batch["labels"] = self._labels(batch, rows, usable)
         batch.pop("offset_mapping")

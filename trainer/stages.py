@@ -4,13 +4,16 @@
 * Stage 2 (instruction tuning): everything trains, with one learning rate per part: LLM 1e-5, vision tower 2e-6 in
   the paper; the projector's defaults to the LLM's.
 
-Works on stock ``LlavaForConditionalGeneration``, on the norm-aligned model and on either wrapped by PEFT. Freezing
+Works on stock ``LlavaForConditionalGeneration``, on the norm-aligned model, on a stock VLM of another family with
+the aligned norm (``llava-normaligned align``: the norm is the connector's, and trains with it) and on any of them
+wrapped by PEFT; the parts are the family's (``families.anatomy``). Freezing
 is by ``requires_grad`` only: a frozen part computes no weight gradient, and in stage 1 no autograd graph is built
 through the vision tower at all (nothing in it requires grad).
 
 Vision-tower parameters that LLaVA's forward never uses (the layers after ``vision_feature_layer``, the post
 layernorm and SigLIP's pooling head) stay frozen in every stage: they would get no gradient, and DDP would wait for
-it.
+it. A family whose connector reads the tower's last output (``Family.vision_output``: Idefics3, Qwen-VL, Gemma3)
+uses every vision parameter but a pooling head.
 """
 
 from __future__ import annotations
@@ -51,18 +54,22 @@ def deepest_feature_layer(vision_feature_layer, num_layers: int) -> int:
 
 def unused_vision_parameters(model) -> list[str]:
     """Names of vision-tower parameters LLaVA's forward never uses: encoder layers after the deepest feature layer,
-    the post layernorm and the pooling head (LLaVA reads ``hidden_states[vision_feature_layer]``)."""
+    the post layernorm and the pooling head (LLaVA reads ``hidden_states[vision_feature_layer]``). Only the pooling
+    head for a family whose connector reads the tower's last output (``Family.vision_output``: Gemma3's SigLIP)."""
+    anatomy = anatomy_of(model)
     _, layers = vision_encoder_layers(model)
-    unused_prefixes = []
-    if layers is not None:
-        deepest = deepest_feature_layer(anatomy_of(model).config.vision_feature_layer, len(layers))
-        unused_prefixes += [f".encoder.layers.{i}." for i in range(deepest, len(layers))]
-    unused_prefixes += [".post_layernorm.", ".head."]
+    unused_prefixes = [".head."]  # SigLIP's pooling head: no connector reads its pooled output
+    if anatomy.family.vision_output == "hidden_states":
+        unused_prefixes.append(".post_layernorm.")
+        if layers is not None:
+            deepest = deepest_feature_layer(anatomy.config.vision_feature_layer, len(layers))
+            unused_prefixes += [f".encoder.layers.{i}." for i in range(deepest, len(layers))]
+    tower = anatomy.family.vision_tower.rpartition(".")[2] + "."
     names = []
     for name, _ in model.named_parameters():
-        if part_of(name) != "vision_tower":
+        if anatomy.part_of(name) != "vision_tower":
             continue
-        tail = "." + name.split("vision_tower.", 1)[1]
+        tail = "." + name.split(tower, 1)[1]
         if any(p in tail for p in unused_prefixes):
             names.append(name)
     return names
@@ -92,9 +99,10 @@ class FreezeReport:
 
 
 def _count(model) -> tuple[dict, dict]:
+    part_of_name = anatomy_of(model).part_of
     trainable, total = dict.fromkeys(PARTS, 0), dict.fromkeys(PARTS, 0)
     for name, param in model.named_parameters():
-        part = part_of(name)
+        part = part_of_name(name)
         if part is None:
             continue
         total[part] += param.numel()
@@ -105,13 +113,15 @@ def _count(model) -> tuple[dict, dict]:
 
 def _freeze(model, stage: int, trains: set[str], keep_peft_choice: bool) -> FreezeReport:
     never_used = set(unused_vision_parameters(model))
+    anatomy = anatomy_of(model)
+    part_of_name = anatomy.part_of
     for name, param in model.named_parameters():
         if keep_peft_choice:
             # PEFT chose what trains (adapters, modules_to_save copies; the originals stay frozen): keep it, within
             # the parts that train in this stage.
-            param.requires_grad_(param.requires_grad and name not in never_used and part_of(name) in trains)
+            param.requires_grad_(param.requires_grad and name not in never_used and part_of_name(name) in trains)
             continue
-        wanted = part_of(name) in trains and name not in never_used
+        wanted = part_of_name(name) in trains and name not in never_used
         if not (param.is_floating_point() or param.is_complex()):
             wanted = False  # quantized storage cannot take gradients
         param.requires_grad_(wanted)
@@ -120,8 +130,9 @@ def _freeze(model, stage: int, trains: set[str], keep_peft_choice: bool) -> Free
     logger.info("stage %d: what trains\n  %s", stage, "\n  ".join(report.lines()))
     if keep_peft_choice and not trainable["projector"]:
         raise ValueError(
-            "PEFT left the projector frozen: add 'multi_modal_projector' to the LoRA config's modules_to_save "
-            "(lora.py's stage2_lora_config does) so the projector and its norm train fully and are saved"
+            f"PEFT left the projector frozen: add {anatomy.family.projector_module_name!r} to the LoRA config's "
+            "modules_to_save (lora.py's stage2_lora_config does) so the projector and its norm train fully and are "
+            "saved"
         )
     return report
 
@@ -207,10 +218,11 @@ def parameter_groups(
     ``get_decay_parameter_names`` (biases and norm weights excluded); ``None``: decay every matrix.
     """
     buckets: dict[tuple[str, bool], list] = {}
+    part_of_name = anatomy_of(model).part_of
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        part = part_of(name)
+        part = part_of_name(name)
         if part is None:
             raise ValueError(f"trainable parameter {name!r} belongs to no known part (vision_tower, projector, llm)")
         buckets.setdefault((part, _is_no_decay(name, param, decay_names)), []).append(param)

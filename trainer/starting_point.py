@@ -66,10 +66,11 @@ def apply_norm_variant(model, *, stage: int, **variant) -> dict:
 
     if not variant:
         return {}
-    if not isinstance(model, LlavaNormAlignedForConditionalGeneration):
-        raise ValueError(  # noqa: TRY004 (the wrong checkpoint for the flags given: a usage error)
+    aligned = getattr(model.config, "norm_connector", None) is not None  # a stock VLM `align` wrote
+    if not isinstance(model, LlavaNormAlignedForConditionalGeneration) and not aligned:
+        raise ValueError(
             f"the ablation variants need the norm-aligned model, got {type(model).__name__}; run "
-            "`llava-normaligned convert` (stock LLaVA) or `compose` first"
+            "`llava-normaligned convert` (stock LLaVA), `compose`, or `align` (another family) first"
         )
     config = model.config
     current = NormVariant.from_config(config)
@@ -77,6 +78,12 @@ def apply_norm_variant(model, *, stage: int, **variant) -> dict:
     changes = wanted.changes_from(current)
     if not changes:
         return {}
+    if aligned:
+        raise ValueError(
+            f"the {config.norm_family} model's aligned norm is {current.describe()}, the run asks for {changes}; "
+            "an aligned model's norm options are chosen when it is written: `llava-normaligned align` with "
+            "--norm-init / --no-gradient-compensation / --gradient-compensation-min"
+        )
     if stage != 1:
         raise ValueError(
             f"stage {stage}: the checkpoint's projector norm is {current.describe()}, the run asks for {changes}; "
@@ -93,19 +100,25 @@ def apply_norm_variant(model, *, stage: int, **variant) -> dict:
 
 
 def describe_variant(model) -> dict:
-    """The model's norm variant as recorded in summaries (stock LLaVA: ``{"projector_norm": None, "stock": True}``)."""
+    """The model's norm variant as recorded in summaries (stock LLaVA: ``{"projector_norm": None, "stock": True}``;
+    a stock VLM ``align`` wrote: its options plus ``aligned_family`` and ``norm_connector``)."""
     config = model.config
-    if not hasattr(config, "projector_norm"):
+    aligned = getattr(config, "norm_connector", None) is not None
+    if not hasattr(config, "projector_norm") and not aligned:
         return {"projector_norm": None, "stock_llava": True}
     from modeling_llava_normaligned import gain_init
 
     target = config.norm_target
-    return {
+    described = {
         **NormVariant.from_config(config).config_kwargs(),
         "norm_target": target,
-        "gain_init": gain_init(config.norm_init, target, config.text_config.hidden_size)
+        "gain_init": gain_init(config.norm_init, target, config.get_text_config().hidden_size)
         if target or config.norm_init == "default" else 1.0,
     }
+    if aligned:
+        described.update(aligned_family=config.norm_family, norm_connector=config.norm_connector,
+                         norm_entry=config.norm_entry)
+    return described
 
 
 __all__ = [

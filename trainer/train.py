@@ -33,6 +33,7 @@ import torch
 from trl import SFTConfig, SFTTrainer
 
 from llava_normaligned.compat import TrainerHooks
+from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.io import write_json_atomic
 from llava_normaligned.loading import LoadOptions
 from llava_normaligned.part_metrics import gain_statistics, part_gradient_norms, part_parameters
@@ -236,6 +237,22 @@ def _check_args(args: SFTConfig) -> None:
         raise FileNotFoundError(f"resume_from_checkpoint: no such checkpoint folder: {resume}")
 
 
+def check_trainable_processor(processor, model) -> None:
+    """Training tokenizes through the family's transformers processor (it reports where it expanded each image tag,
+    which locates the answers, and the Trainer saves it with the model). A processor this package built in its place
+    (``families.processors``: where the family's needs torchvision) can diagnose and generate, not train."""
+    from transformers import ProcessorMixin
+
+    if isinstance(processor, ProcessorMixin):
+        return
+    family = anatomy_of(model).family.name
+    raise ValueError(
+        f"training a {family} model needs its transformers processor, which did not load here "
+        f"({type(processor).__name__} was built in its place, for diagnostics and generation): install torchvision "
+        "(pip install torchvision; SmolVLM also needs num2words), which the family's processor imports"
+    )
+
+
 def _trainer_args(args: SFTConfig, *, find_unused: bool) -> SFTConfig:
     """The ``SFTConfig`` the Trainer is given: the caller's, with the few fields this pipeline owns set
     (``dataclasses.replace``; a log line when the user's value differs). The caller's object is never changed: the
@@ -311,8 +328,6 @@ def _ddp_finds_unused(args: SFTConfig, stage: int, prepare_report) -> bool:
 def _projector_in_vision_dtype(model) -> None:
     """Keep the trained projector copy in the vision tower's dtype. For a quantized base TRL casts every trainable
     parameter to bf16 (QLoRA's adapters); the projector, trained fully, takes the vision features as they come."""
-    from llava_normaligned.families.anatomy import anatomy_of
-
     anatomy = anatomy_of(model)
     dtype = anatomy.vision_dtype()
     for name, param in model.named_parameters():
@@ -488,6 +503,7 @@ def prepare_stage(
         raise ValueError("stage 1 trains the projector fully: LoRA/QLoRA (peft_config) is for stage 2")
     padding_free = bool(args.padding_free)  # the Trainer is told False (TRL refuses it for images): the collator packs
     _check_args(args)
+    check_trainable_processor(processor, model)
     if padding_free:
         check_padding_free(model)
     _use_chat_template(processor, args, chat_template)
@@ -503,6 +519,7 @@ def prepare_stage(
     collator = LlavaTrainingCollator(
         processor, max_length=args.max_length, on_bad_image=config.on_bad_image,
         pad_to_multiple_of=args.pad_to_multiple_of, padding_free=padding_free, report_skips=True,
+        images_per_text=anatomy_of(model).family.images_per_text,
     )
     trainer = LlavaStageTrainer(
         model=model,
@@ -708,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("configuration: %s", json.dumps(_redacted(config.describe()), default=str))
             model, processor = _load_model(config)
             dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
-            peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision) \
-                if model_args.use_peft else None
+            peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision,
+                                             family=anatomy_of(model).family) if model_args.use_peft else None
             prepared = prepare_stage(
                 model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
                 data_report=data_report,

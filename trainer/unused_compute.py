@@ -14,6 +14,7 @@ import logging
 from contextlib import contextmanager
 
 from llava_normaligned.compat import forwards_replaced
+from llava_normaligned.families.anatomy import anatomy_of
 
 from .stages import deepest_feature_layer, llava_base, vision_encoder_layers
 
@@ -29,13 +30,17 @@ def _no_pooling(hidden_states, *args, **kwargs):
 
 
 def unused_vision_modules(model) -> tuple[list, list]:
-    """(encoder layers after the deepest feature layer, pooling heads) of a LLaVA's vision tower."""
+    """(encoder layers after the deepest feature layer, pooling heads) of a LLaVA's vision tower; only the pooling
+    head for a family whose connector reads the tower's last output (``Family.vision_output``)."""
     owner, layers = vision_encoder_layers(model)
+    head = getattr(owner, "head", None)
+    heads = [head] if head is not None else []
+    if anatomy_of(model).family.vision_output != "hidden_states":
+        return [], heads  # every layer is read: only the pooling head runs for nothing
     if layers is None:
         return [], []
     deepest = deepest_feature_layer(llava_base(model).config.vision_feature_layer, len(layers))
-    head = getattr(owner, "head", None)
-    return list(layers)[deepest:], ([head] if head is not None else [])
+    return list(layers)[deepest:], heads
 
 
 @contextmanager

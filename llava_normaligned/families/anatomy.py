@@ -112,6 +112,14 @@ class Family:
     # projector). ``align_refusal``: why ``align`` cannot place the norm in this family (None: it can).
     norm_entry: str = "connector_output"
     align_refusal: str | None = None
+    # What the vision tower's output the connector reads: "hidden_states" (LLaVA: ``hidden_states[config.
+    # vision_feature_layer]``, so the layers after it, the post layernorm and a pooling head run for nothing and stay
+    # frozen in training) or "last_hidden_state" (the tower's output: every vision parameter is used).
+    vision_output: str = "hidden_states"
+    # the processor takes one list of images per text (Gemma3's counts the images of each sample)
+    images_per_text: bool = False
+    # the input embedding layer multiplies its rows by sqrt(D) (Gemma): T read off the weights alone counts it
+    scaled_embeddings: bool = False
 
     # ----------------------------------------------------------------------------------------- module paths
     @property
@@ -218,6 +226,7 @@ _QWEN_VL = dict(
     image_token_keys=("image_token_id",),
     placeholder_token_keys=("vision_start_token_id", "vision_end_token_id", "video_token_id"),
     positions="mrope",
+    vision_output="last_hidden_state",
     image_tokens="<|vision_start|> <|image_pad|> x prod(grid_thw)/merge_size^2 <|vision_end|>; M-RoPE positions",
 )
 QWEN2_VL = Family(
@@ -251,12 +260,13 @@ _IDEFICS3 = dict(
     projector="model.connector",
     language_model="model.text_model",
     image_token_keys=("image_token_id",),
+    vision_output="last_hidden_state",
     image_tokens="per tile <fake_token_around_image><row_i_col_j><image> x image_seq_len, then the global image "
     "(<global-img>); one <image> per connector output token",
 )
 IDEFICS3 = Family(name="idefics3", model_types=("idefics3",),
                   notes="transformers' Idefics3ForConditionalGeneration", **_IDEFICS3)
-SMOLVLM = Family(name="smolvlm", model_types=("smolvlm",),
+SMOLVLM = Family(name="smolvlm", model_types=("smolvlm",), images_per_text=True,  # its processor nests a flat list
                  notes="transformers' SmolVLMForConditionalGeneration (SmolVLM, SmolVLM2)", **_IDEFICS3)
 
 # transformers 5's LLaVA-like families: the image features are scattered into the LLM's input embeddings at the
@@ -271,7 +281,8 @@ LLAVA_LIKE: tuple[Family, ...] = (
             placeholder_token_keys=("video_token_index",),
             image_tokens="as LLaVA-NeXT: <image> x (anyres crops, unpadded) with image_newline rows",
             notes="LlavaOnevisionForConditionalGeneration: anyres crops and image_newline rows, like LLaVA-NeXT"),
-    replace(LLAVA, name="gemma3", model_types=("gemma3",), align_refusal=None,
+    replace(LLAVA, name="gemma3", model_types=("gemma3",), align_refusal=None, vision_output="last_hidden_state",
+            images_per_text=True, scaled_embeddings=True,
             placeholder_token_keys=("boi_token_index", "eoi_token_index"),
             image_tokens="<start_of_image> <image_soft_token> x mm_tokens_per_image <end_of_image>; token_type_ids "
             "1 on the soft tokens",
@@ -453,6 +464,27 @@ class Anatomy:
 
     def part_of(self, name: str) -> str | None:
         return self.family.part_of(name)
+
+    @property
+    def placeholder_token_ids(self) -> list[int]:
+        """The image token's id and the family's other placeholder tokens' (``Family.placeholder_token_ids``)."""
+        ids = self.family.placeholder_token_ids(self.config)
+        if self.image_token_id is not None and self.image_token_id not in ids:
+            ids.append(self.image_token_id)
+        return ids
+
+    @property
+    def embed_scale(self) -> float:
+        """The factor the input embedding layer multiplies its rows by (Gemma: sqrt(D)); 1 for the others."""
+        return float(getattr(self.input_embeddings, "scalar_embed_scale", 1.0))
+
+    def text_norm_target(self, weight=None) -> float:
+        """T (paper §5.1) as the LLM receives text: the mean L2 norm of the input-embedding rows (``weight``, or the
+        model's own), the placeholder tokens' rows left out, times ``embed_scale``."""
+        from modeling_llava_normaligned import text_embedding_norm_target
+
+        weight = self.input_embeddings.weight if weight is None else weight
+        return text_embedding_norm_target(weight, exclude_token_ids=self.placeholder_token_ids) * self.embed_scale
 
 
 def _find(model: nn.Module, family: Family) -> tuple[dict, list[str]]:

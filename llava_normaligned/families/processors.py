@@ -1,14 +1,15 @@
 """The processor a model's prompts and images go through: transformers' AutoProcessor, or the family's own builder.
 
-Most families load their processor with ``AutoProcessor`` (the default). Some cannot on a machine without
-torchvision: the processors of Qwen2-VL, Qwen2.5-VL, Qwen3-VL and SmolVLM (SmolVLM2) hold a video processor that
-needs it, and SmolVLM's also needs ``num2words``. For those a builder makes an ``ExpandingProcessor`` from the
-family's parts: the folder's tokenizer, its image processor (the PIL one when the fast one needs torchvision;
-``AutoImageProcessor`` picks it), its chat template, and the family's placeholder expansion. It is called like a
-transformers processor and returns what the model's forward takes.
-
-Others (LLaVA-OneVision, InternVL, Mistral3) load with ``AutoProcessor`` where torchvision is
-installed and are built without it otherwise: their builders are registered with ``auto_first=True``.
+Every family loads its processor with ``AutoProcessor`` where it can: transformers' own processor is what training
+needs (it reports where each image tag was expanded) and what users load. Where it cannot, a family registered here
+is built otherwise (``auto_first=True``: the builder is the fallback). Without torchvision the processors of
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL and SmolVLM (SmolVLM2) cannot load (they hold a video processor that needs it;
+SmolVLM's also needs ``num2words``): their builders make an ``ExpandingProcessor`` from the family's parts, the
+folder's tokenizer, its image processor (the PIL one when the fast one needs torchvision; ``AutoImageProcessor``
+picks it), its chat template, and the family's placeholder expansion. It is called like a transformers processor and
+returns what the model's forward takes: enough to diagnose and generate, not to train. LLaVA-OneVision's, InternVL's
+and Mistral3's processors need torchvision too; their builders use transformers' processor classes without the
+video part, or a Pixtral-layout processor written here. Idefics3's processor needs no torchvision.
 
     processor = load_processor("path/or/org/name", config)        # AutoProcessor, or the family's builder
     BUILDERS["qwen2_vl"]                                           # a family's builder, by ``Family.name``
@@ -211,7 +212,7 @@ def _expand_qwen(processor: ExpandingProcessor, texts: list[str], images):
     return expanded, {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
 
-@register("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+@register("qwen2_vl", "qwen2_5_vl", "qwen3_vl", auto_first=True)
 def build_qwen_vl(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
     tokenizer, image_processor, template = _parts(model_id, hub_kwargs)
     image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
@@ -254,7 +255,7 @@ def _expand_idefics3(processor: ExpandingProcessor, texts: list[str], images):
     return expanded, {k: v for k, v in out.items() if k in ("pixel_values", "pixel_attention_mask")}
 
 
-@register("idefics3", "smolvlm")
+@register("idefics3", "smolvlm", auto_first=True)
 def build_idefics3(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
     tokenizer, image_processor, template = _parts(model_id, hub_kwargs)
     image_token = getattr(tokenizer, "image_token", None) or "<image>"
@@ -293,13 +294,18 @@ def _saved_parts(name: str, revision: str | None, trust_remote_code):
 
 
 def without_video(processor_class):
-    """``processor_class`` with an image processor and a tokenizer only. ``ProcessorMixin`` takes its parts from the
-    ``__init__`` signature, so the subclass's signature drops the video processor the class would build."""
+    """``processor_class`` with an image processor and a tokenizer only. ``ProcessorMixin`` takes its parts, and the
+    settings ``save_pretrained`` writes, from the ``__init__`` signature: the subclass's is the stock one without the
+    video processor, so that a saved processor keeps its settings (``num_image_tokens``, ``patch_size``, ...)."""
+    import inspect
 
     class ImagesOnly(processor_class):
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
             super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
 
+    stock = inspect.signature(processor_class.__init__)
+    ImagesOnly.__init__.__signature__ = stock.replace(
+        parameters=[p for name, p in stock.parameters.items() if name != "video_processor"])
     ImagesOnly.__name__ = ImagesOnly.__qualname__ = processor_class.__name__
     return ImagesOnly
 
