@@ -315,3 +315,46 @@ def test_a_family_whose_processor_needs_torchvision_is_refused_in_one_line(align
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "qwen2_vl" in err and "pip install torchvision" in err
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------- two processes
+
+DDP_RANK_SCRIPT = """
+import json, os, sys
+import torch, torch.distributed as dist
+from trl import SFTConfig
+from llava_normaligned.loading import load_model
+from llava_normaligned.trainer.data import load_llava_json
+from llava_normaligned.trainer.train import StageConfig, shared_image_checker, train_stage
+
+folders, data, images, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+for family, folder in folders.items():
+    # every row has an image and DDP is told no parameter goes unused: a trainable parameter that the forward left
+    # without a gradient would stop the second step ("Expected to have finished reduction ...")
+    args = SFTConfig(output_dir=os.path.join(out, family), use_cpu=True, bf16=False, report_to=[],
+                     gradient_checkpointing=False, ddp_find_unused_parameters=False, max_steps=2,
+                     per_device_train_batch_size=1, logging_steps=1, save_strategy="no", learning_rate=1e-3,
+                     seed=0, disable_tqdm=True)
+    dataset = load_llava_json(data, images, image_checker=shared_image_checker(args))
+    model, processor = load_model(folder, for_training=True)
+    result = train_stage(model, processor, dataset, args=args, stage=StageConfig(2, lr_vision=2e-4))
+    rank = dist.get_rank()
+    torch.save({n: p.detach() for n, p in result.model.named_parameters()}, os.path.join(out, f"{family}{rank}.pt"))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+        json.dump({"rank": rank, "world_size": dist.get_world_size()}, handle)
+"""
+
+
+def test_two_process_ddp_trains_aligned_models_with_no_unused_parameter(aligned, tmp_path):
+    from test_train_distributed import _torchrun
+
+    families = ("gemma3", "llava_next")  # a SigLIP pooling head; layers after the feature layer, post layernorm
+    path, images = write_llava_dataset(tmp_path / "data", n_rows=4, text_only=0, multi_turn_every=0)
+    ranks = _torchrun(DDP_RANK_SCRIPT, tmp_path, json.dumps({f: aligned[f] for f in families}), path, images)
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    out = tmp_path / "out"
+    for family in families:
+        w0, w1 = torch.load(out / f"{family}0.pt"), torch.load(out / f"{family}1.pt")
+        assert all(torch.equal(w0[n], w1[n]) for n in w0), family  # the ranks stayed in step
+        start = load_file(os.path.join(aligned[family], "model.safetensors"))
+        assert not torch.equal(start[_norm_key(family)], w0[_norm_key(family)])  # the norm trained under DDP
