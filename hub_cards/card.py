@@ -372,7 +372,14 @@ def projector_summary(cfg: dict) -> str:
 
 
 def method_text(cfg: dict) -> str:
-    """What the card's Method section says of this checkpoint: the fix as published, or the ablation it is."""
+    """What the card's Method section says of this checkpoint: the fix as published, the ablation it is, or the norm
+    put into an already trained model (``align``), which is not the paper's training."""
+    if aligned(cfg):
+        return (f"This checkpoint has the norm put into an already trained {cfg.get('norm_family')} model by "
+                f"`llava-normaligned align`: {variant_text(cfg)} The paper trains the norm from the first stage on; "
+                "here the LLM had adapted to the connector's large output norms and must re-adapt in fine-tuning. On a "
+                "tiny Idefics3 this did not improve accuracy over fine-tuning the stock model (llava-normaligned's "
+                "docs/align.md).")
     if _is_full_recipe(cfg):
         return f"This checkpoint uses that fix as described: {variant_text(cfg)}"
     return f"This checkpoint is one of the paper's ablations, not the fix as described: {variant_text(cfg)}"

@@ -247,6 +247,7 @@ def test_the_card_describes_the_aligned_family_and_push_accepts_the_folder(train
     assert "stock connector `model.connector`" in card
     assert "stock LLaVA" not in card and "w/o Norm" not in card
     assert "register_aligned_auto_classes()" in card
+    assert "put into an already trained idefics3 model" in card and "uses that fix as described" not in card
     assert "- idefics3" in card.split("---")[1]  # the family's tag in the metadata
     # the self-check (remote code, weights, secrets, local paths, the fresh-process load) passes; nothing uploaded
     assert cli_main(["push", folder, "--repo-id", "alice/idefics3-aligned", "--dry-run"]) == 0
@@ -303,7 +304,6 @@ def test_a_variant_flag_that_differs_from_the_aligned_norm_is_one_line(aligned, 
 
 
 def test_a_family_whose_processor_needs_torchvision_is_refused_in_one_line(aligned, data, tmp_path, capsys):
-    pytest.importorskip("transformers")
     try:
         import torchvision  # noqa: F401
     except ImportError:
