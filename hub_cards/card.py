@@ -24,6 +24,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from llava_normaligned.console import CommandParser
 from llava_normaligned.families.anatomy import LLAVA_NORMALIGNED, family_of
 from llava_normaligned.io import write_json_atomic, write_text_atomic
 from llava_normaligned.public_names import hide_local_paths
@@ -752,7 +753,7 @@ def card_options(args, repo_id=None, revision=None, branch=None) -> CardOptions:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned card",
         description="Render the model card (README.md) of a checkpoint folder from its config, weights and records.",
     )
@@ -783,7 +784,7 @@ def validate_on_hub(card: ModelCard) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from llava_normaligned.console import fail
+    from llava_normaligned.console import arguments_accepted, fail
 
     from .selfcheck import SelfCheckError, check_checkpoint_folder
 
@@ -791,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         check_checkpoint_folder(args.folder)
     except SelfCheckError as error:  # bad input: exit 2, as argparse's own usage errors
         return fail("card", error)
+    arguments_accepted()
     try:
         card = render_card(args.folder, card_options(args, args.repo_id, args.revision))
         check_card(card)

@@ -31,6 +31,8 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 
+from llava_normaligned.console import CommandParser, arguments_accepted
+
 from .card import CardOptions, add_card_options, card_options, check_card, package_version, render_card
 from .selfcheck import (
     PICKLE_SUFFIXES,
@@ -334,7 +336,7 @@ def _remote_code(folder: Path) -> list[tuple[str, str, bool]]:
 
 
 def make_push_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned push",
         description="Check that a checkpoint folder stands on its own, then upload it with its model card in one "
         "commit. Endpoint and token come from HF_ENDPOINT and HF_TOKEN (or `hf auth login`).",
@@ -367,6 +369,7 @@ def push_main(argv: list[str] | None = None) -> int:
         check_checkpoint_folder(args.folder)
     except SelfCheckError as error:  # bad input: exit 2, as argparse's own usage errors
         return fail("push", error)
+    arguments_accepted()
     try:
         if args.dry_run:
             plan = self_check(args.folder, include=tuple(args.include), tokens=known_tokens(args.token),
@@ -399,7 +402,7 @@ def push_main(argv: list[str] | None = None) -> int:
 
 
 def make_pull_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned pull",
         description="Download a checkpoint from the Hub (pickle files excluded) and show the remote code it holds.",
     )
@@ -416,6 +419,7 @@ def pull_main(argv: list[str] | None = None) -> int:
     args = make_pull_parser().parse_args(argv)
     if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
         return fail("pull", f"{args.repo_id}: HF_HUB_OFFLINE is set, so nothing can be downloaded; unset it to pull")
+    arguments_accepted()
     try:
         result = pull(args.repo_id, args.revision, args.local_dir, token=args.token)
     except (PullError, ValueError) as error:

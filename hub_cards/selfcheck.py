@@ -528,7 +528,7 @@ def run_without_package(
     command = [sys.executable, "-I", "-c", _HIDING_PRELUDE.format(hidden=tuple(hidden)) + textwrap.dedent(code),
                *map(str, args)]
     return subprocess.run(command, cwd=cwd, env=dict(os.environ) if env is None else env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+                          text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
 
 
 # ---------------------------------------------------------------------------------------------------- load check

@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 
-from .console import POSITIVE, BadInput, check_number, check_output_folder, fail
+from .console import POSITIVE, BadInput, CommandParser, arguments_accepted, check_number, check_output_folder, fail
 from .families.anatomy import Family, anatomy_of, family_of
 from .loading import add_trust_remote_code_flags, dtype_argument, load_config, load_model, looks_like_path
 from .norm_variant import NormVariant, add_norm_flags
@@ -227,7 +227,7 @@ def save_aligned(model, output_dir: str, processor_source: str | None = None) ->
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned align",
         description="Put the paper's aligned LayerNorm (gain T/sqrt(D), GWC) into a saved vision-language model "
         f"where its connector's output enters the LLM. Families: {supported()}. See docs/align.md.",
@@ -257,6 +257,7 @@ def align_main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
         variant = _check_arguments(args)
+        arguments_accepted()
         model = align(
             args.model,
             norm_init=variant.norm_init,

@@ -11,7 +11,15 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .console import INTERRUPTED, cached_help, fail, progress_bars_on_terminals_only, quiet_known_notices
+from .console import (
+    INTERRUPTED,
+    cached_help,
+    end_hold,
+    fail,
+    hold_library_output,
+    progress_bars_on_terminals_only,
+    quiet_known_notices,
+)
 
 # name -> (module, function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -60,11 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     progress_bars_on_terminals_only()
     if rest in HELP_FLAGS:
         return cached_help(name, lambda args: getattr(importlib.import_module(module_name), function)(args))
+    # what the libraries print while they are imported and the arguments read is shown once the command accepted its
+    # arguments, and dropped when it answers bad input with its one line (console.hold_library_output)
+    hold_library_output()
     try:
         module = importlib.import_module(module_name)
         result = getattr(module, function)(rest)
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (train says itself what it kept)
         return fail(name, "interrupted (Ctrl-C)", code=INTERRUPTED)
+    finally:
+        end_hold(keep=True)  # a command that never said its arguments were accepted: shown at its end
     return int(result or 0)
 
 

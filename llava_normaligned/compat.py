@@ -8,8 +8,9 @@ against the installed library (``tests/test_compat.py::<pin_test>``), so an upgr
 
 Outside the checked range a hook first runs its probe, a quick look at the same private names on the installed
 library (``Hook.probe``): where they are not there or not shaped as expected, the hook raises ``CompatError`` naming
-the library, its version and the range checked; where they are, it goes on and says once (INFO) that the version was
-not checked. Never a silent wrong result. Where the library is not installed at all, the hook's own import raises.
+the library, its version and the range checked; where they are, it goes on and says so in one line (a WARNING,
+once per library and process). Never a silent wrong result. Where the library is not installed at all, the hook's
+own import raises.
 
 Imports: the standard library at the top; torch, transformers, accelerate, datasets, deepspeed and vLLM inside the
 functions that use them (serving imports this module in vLLM's process, which has none of the training libraries).
@@ -54,24 +55,24 @@ class Hook:
 
 
 HOOKS: dict[str, Hook] = {hook.name: hook for hook in (
-    Hook("trainer_resume_scheduler_only", "transformers", ">=5.18,<5.25",
+    Hook("trainer_resume_scheduler_only", "transformers", ">=5.18,<5.26",
          ("_load_optimizer_and_scheduler", "SCHEDULER_NAME"),
          "an FSDP resume of an optimizer without tensor state (plain SGD) loads only the scheduler: torch cannot "
          "load such an optimizer's full state dict",
          "test_trainer_resume_scheduler_only_hook", "_probe_trainer_resume"),
-    Hook("trainer_train_sampler", "transformers", ">=5.18,<5.25", ("_get_train_sampler",),
+    Hook("trainer_train_sampler", "transformers", ">=5.18,<5.26", ("_get_train_sampler",),
          "the length groupings (trainer/sampling.py) give the training order; TRL's own trainers override the "
          "same method for the same purpose",
          "test_trainer_train_sampler_hook", "_probe_trainer_sampler"),
-    Hook("pil_backend_preprocess", "transformers", ">=5.18,<5.25", ("_preprocess", "PilBackend"),
+    Hook("pil_backend_preprocess", "transformers", ">=5.18,<5.26", ("_preprocess", "PilBackend"),
          "the collator's one-table pixel lookup is exact only for a processor that keeps the PIL backend's own "
          "preprocessing steps",
          "test_pil_backend_preprocess_hook", "_probe_pil_backend"),
-    Hook("attn_implementation", "transformers", ">=5.18,<5.25", ("_attn_implementation",),
+    Hook("attn_implementation", "transformers", ">=5.18,<5.26", ("_attn_implementation",),
          "which attention a config runs (padding-free training, diagnostics' eager attention); the config has no "
          "public getter",
          "test_attn_implementation_hook", "_probe_attn_implementation"),
-    Hook("no_split_modules", "transformers", ">=5.18,<5.25", ("_no_split_modules",),
+    Hook("no_split_modules", "transformers", ">=5.18,<5.26", ("_no_split_modules",),
          "the layer classes a model says must not be split: the FSDP wrap classes when the config names none "
          "(accelerate falls back to the same list)",
          "test_no_split_modules_hook", "_probe_no_split_modules"),
@@ -153,8 +154,8 @@ def in_checked_range(name: str, version: str | None = None) -> bool:
 
 def ensure(name: str) -> None:
     """Check once per process that hook ``name`` may run: inside its checked range, or outside it with its probe
-    passing (said once, INFO). A failing probe raises ``CompatError``; a library that is not installed is left to the
-    hook's own import."""
+    passing (said in one line per library, ``_tell_unchecked_once``). A failing probe raises ``CompatError``; a
+    library that is not installed is left to the hook's own import."""
     if name in _seen:
         return
     hook = HOOKS[name]
@@ -166,9 +167,21 @@ def ensure(name: str) -> None:
             raise
         except Exception as err:  # whatever the probe met, the private names are not as checked
             raise CompatError(_unchecked(hook, version, f"{type(err).__name__}: {err}")) from err
-        logger.info("%s %s: not a version llava-normaligned was checked with (%s) for %s; its private names are "
-                    "there, so it is used", hook.library, version, hook.checked, hook.name)
+        _tell_unchecked_once(hook, version)
     _seen.add(name)
+
+
+_told: set[str] = set()
+
+
+def _tell_unchecked_once(hook: Hook, version: str) -> None:
+    """One line per library and process (a WARNING), whichever of its hooks met the version first: the others'
+    probes pass silently."""
+    if hook.library in _told:
+        return
+    _told.add(hook.library)
+    logger.warning("%s %s is not a version llava-normaligned was tested with (%s%s); what it relies on is there, "
+                   "so the run goes on", hook.library, version, hook.library, hook.checked)
 
 
 def _unchecked(hook: Hook, version: str, problem: str) -> str:

@@ -16,7 +16,15 @@ import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from .console import POSITIVE, check_number, check_output_folder, fail, removed_unless_kept
+from .console import (
+    POSITIVE,
+    CommandParser,
+    arguments_accepted,
+    check_number,
+    check_output_folder,
+    fail,
+    removed_unless_kept,
+)
 from .families.anatomy import anatomy_of
 from .families.tokens import IMAGE_TOKEN
 from .loading import TRUST_REMOTE_CODE_DEFAULT, add_trust_remote_code_flags, check_source, dtype_argument, parse_dtype
@@ -459,7 +467,7 @@ def _add_build_options(parser: argparse.ArgumentParser) -> None:
 
 
 def make_compose_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned compose",
         description="Build a norm-aligned LLaVA from a vision encoder (SigLIP, SigLIP2, CLIP) and a causal LM "
         "(Llama, Qwen2/2.5/3, SmolLM), with the pretrained weights of both.",
@@ -477,7 +485,7 @@ def make_compose_parser() -> argparse.ArgumentParser:
 
 
 def make_convert_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned convert",
         description="Turn a stock LlavaForConditionalGeneration checkpoint into a norm-aligned one.",
     )
@@ -505,6 +513,7 @@ def compose_main(argv: list[str] | None = None) -> int:
     args = make_compose_parser().parse_args(argv)
     try:
         _check_arguments(args)
+        arguments_accepted()
         model, processor = compose(
             args.vision_model,
             args.text_model,
@@ -526,6 +535,7 @@ def convert_main(argv: list[str] | None = None) -> int:
     args = make_convert_parser().parse_args(argv)
     try:
         _check_arguments(args)
+        arguments_accepted()
         model, processor = convert_from_llava(
             args.from_llava, dtype=args.dtype, revision=args.revision, norm_variant=NormVariant.from_args(args)
         )

@@ -7,6 +7,7 @@ dispatches.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import io
@@ -15,6 +16,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass
 
@@ -28,10 +30,91 @@ def fail(command: str, error, code: int = 2, details: bool = False) -> int:
     that a data or resume check lists)."""
     message = str(error).strip() or type(error).__name__
     first, *rest = message.splitlines()
+    end_hold(keep=code != 2)  # bad input: what libraries said while the arguments were read is not shown
     print(f"llava-normaligned {command}: error: {first}", file=sys.stderr)
     if details and rest:
         print("\n".join(rest), file=sys.stderr)
     return code
+
+
+# ------------------------------------------------------------------ library output held while the arguments are read
+# Importing a command's libraries can print notices (a library's import-time warning, a new release's deprecation):
+# ``cli.main`` holds everything written to stderr (file descriptor 2, so C-level writes and handlers made during the
+# imports are held too) from before the command's module is imported until the command has accepted its arguments
+# (``arguments_accepted``). On bad input (``fail`` with exit code 2) the held output is dropped, so the answer is the
+# one line; otherwise it is written out, in order, before anything else. No file descriptor is swapped for Python's
+# ``sys.stderr`` object, so a handler made meanwhile keeps writing to the real stderr afterwards.
+
+
+@dataclass
+class _Held:
+    saved_fd: int
+    buffer: object  # a temporary file, descriptor 2 while held
+
+
+_HELD: list[_Held] = []
+
+
+def _flush_stderr() -> None:
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
+def hold_library_output() -> None:
+    """Hold what is written to stderr until ``arguments_accepted`` or ``end_hold`` (``cli.main`` calls it before it
+    imports a command). Does nothing when stderr has no file descriptor or is already held."""
+    if _HELD:
+        return
+    _flush_stderr()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        return
+    buffer = tempfile.TemporaryFile()
+    os.dup2(buffer.fileno(), 2)
+    _HELD.append(_Held(saved, buffer))
+
+
+def end_hold(keep: bool = True) -> None:
+    """Stop holding stderr; ``keep``: write what was held to it (else drop it). Does nothing when nothing is held."""
+    if not _HELD:
+        return
+    held = _HELD.pop()
+    _flush_stderr()
+    os.dup2(held.saved_fd, 2)
+    os.close(held.saved_fd)
+    try:
+        if keep:
+            held.buffer.seek(0)
+            data = held.buffer.read()
+            while data:
+                data = data[os.write(2, data):]
+    finally:
+        held.buffer.close()
+
+
+def arguments_accepted() -> None:
+    """A command's arguments passed its checks: what libraries wrote meanwhile is shown, and stderr is no longer
+    held. Each command calls it once, before it loads a model."""
+    end_hold(keep=True)
+
+
+class OneLineUsageErrors:
+    """For an ``argparse`` parser (put it before the parser class in the bases): argparse's own usage errors (an
+    unknown flag, a value that is not a number, a missing argument) are one line, ``PROG: error: MESSAGE`` and the
+    hint to ``--help``, exit code 2, as every other bad input (``fail``); the usage block is left to ``--help``."""
+
+    def error(self, message: str):
+        end_hold(keep=False)
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+class CommandParser(OneLineUsageErrors, argparse.ArgumentParser):
+    """The parser of a command: ``argparse.ArgumentParser`` with one-line usage errors."""
 
 
 # ------------------------------------------------------------------------------------- checks of a command's input
@@ -39,6 +122,7 @@ def fail(command: str, error, code: int = 2, details: bool = False) -> int:
 # and the way out, which the command reports with ``fail`` (one line, exit code 2).
 
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it
+TERMINATED = 143  # the exit code of a command stopped by SIGTERM (128 + SIGTERM), as shells report it
 
 
 class BadInput(ValueError):
@@ -240,6 +324,10 @@ KNOWN_NOTICES = (
     # 4-bit kernel and, failing (not installed, or offline), says "... pip install kernels"; it then uses its own
     # kernel, which is what this package tests with.
     ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward"),
+    # kernels (0.19 and later, which transformers 5.25 requires), in the same attempt with HF_HUB_OFFLINE set: it
+    # cannot check the Hub kernel's publisher offline and says so; the kernel is then not found, and bitsandbytes
+    # uses its own
+    ("kernels._internals.hf_hub", "Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'"),
     # transformers, when compose adds the image token to the LM's vocabulary: compose asks for this initialisation
     # itself (``resize_token_embeddings(..., mean_resizing=True)``) and the notice says how to turn it off. Image
     # features replace the image token's input row, T leaves that row out, and this package's decoding never emits it
@@ -339,11 +427,12 @@ def help_cache_dir() -> str:
 
 
 def _help_key(name: str) -> str:
-    """A digest of what ``name --help`` prints from: the installed versions of the packages whose options it lists
-    and every source file of this package (an edited checkout is a new key)."""
+    """A digest of what ``name --help`` prints from: the width it is wrapped to, the installed versions of the
+    packages whose options it lists and every source file of this package (an edited checkout is a new key)."""
     from importlib.metadata import PackageNotFoundError, version
 
     digest = hashlib.blake2b(name.encode(), digest_size=12)
+    digest.update(f"columns={shutil.get_terminal_size().columns};".encode())  # argparse wraps the text to this width
     for package in HELP_DEPENDS_ON:
         try:
             digest.update(f"{package}={version(package)};".encode())

@@ -1,12 +1,17 @@
-"""Tiny vision encoders, causal LMs, tokenizers and processors built in code, offline.
+"""Tiny vision encoders, causal LMs, tokenizers, processors and whole stock VLMs built in code, offline.
 
-They stand in for SigLIP / CLIP and Llama / Qwen in tests and in the CPU demo: same classes, same files on disk,
-a few hundred kilobytes. Nothing here downloads anything.
+They stand in for SigLIP / CLIP and Llama / Qwen in tests and in the CPU demo (``save_tiny_parts``: the folders
+``compose`` takes), and for the Hub's VLMs of other families (``save_tiny_vlm``: a folder ``align`` takes): same
+classes, same files on disk, a few hundred kilobytes. Random weights; nothing here downloads anything.
+
+    python -m llava_normaligned.tiny --family idefics3 --output-dir tiny-idefics3
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from dataclasses import dataclass, field
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -26,6 +31,8 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
+from .align import SUPPORTED_MODEL_TYPES
+from .console import SEED, BadInput, CommandParser, check_number, check_output_folder, quiet_known_notices
 from .families.tokens import IMAGE_TOKEN
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
@@ -60,31 +67,29 @@ DEFAULT_CORPUS_WORDS = (
 ).split()
 
 
-def train_tokenizer(words=DEFAULT_CORPUS_WORDS, vocab_size: int = 400, with_image_token: bool = True):
-    """A byte-level BPE tokenizer trained in code on ``words``, with ChatML special tokens and a chat template."""
+def _bpe_tokenizer(special_tokens, corpus, vocab_size: int, **wrapper) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained in code on ``corpus`` (strings), ``special_tokens`` first in its vocabulary;
+    ``wrapper``: the ``PreTrainedTokenizerFast`` settings besides ``<unk>``, ``<pad>`` and left padding."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", padding_side="left",
+                                   **wrapper)
+
+
+def train_tokenizer(words=DEFAULT_CORPUS_WORDS, vocab_size: int = 400, with_image_token: bool = True):
+    """A byte-level BPE tokenizer trained in code on ``words``, with ChatML special tokens and a chat template."""
     corpus = [" ".join(words)] * 4 + [f" {w}" for w in words] + [w.capitalize() for w in words]
-    tok.train_from_iterator(corpus, trainer=trainer)
     extra = {"image_token": IMAGE_TOKEN} if with_image_token else {}
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="<|im_end|>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        extra_special_tokens=extra,
-        chat_template=CHATML_TEMPLATE,
-        padding_side="left",
-        model_max_length=2048,
-    )
+    return _bpe_tokenizer(SPECIAL_TOKENS, corpus, vocab_size, bos_token="<s>", eos_token="<|im_end|>",
+                          extra_special_tokens=extra, chat_template=CHATML_TEMPLATE, model_max_length=2048)
 
 
 @dataclass
@@ -185,3 +190,365 @@ def save_tiny_parts(
     lm.save_pretrained(text_dir)
     tokenizer.save_pretrained(text_dir)
     return vision_dir, text_dir
+
+
+# ------------------------------------------------------------------------------ whole stock VLMs of other families
+# Tiny random models of transformers' own classes, with the processor files their checkpoints hold: the folders
+# ``align`` takes (docs/align.md, "Offline, with nothing downloaded"), and the stock models of the tests of ``align``,
+# ``train`` and ``diagnose`` on the other families. Every size is tiny: 32-px images or tiles, 8-px patches, 1-3
+# layers, 16-32 wide.
+
+# The families ``align`` supports, by ``model_type``: one tiny model each.
+TINY_VLM_FAMILIES = SUPPORTED_MODEL_TYPES
+# Those whose transformers processor ``train`` can build without torchvision (Qwen-VL's, SmolVLM's and Mistral3's
+# import it: ``train`` stops in one line where it is not installed; ``align`` and ``diagnose`` take every family).
+TRAINS_WITHOUT_TORCHVISION = ("idefics3", "llava_next", "llava_onevision", "gemma3", "internvl")
+
+_QWEN_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                "<|video_pad|>"]
+_QWEN_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_IDEFICS_TOKENS = ["<|im_start|>", "<end_of_utterance>", "<|endoftext|>", "<fake_token_around_image>", "<image>",
+                   "<global-img>"] + [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
+_IDEFICS_TEMPLATE = (  # SmolVLM's own, for images and text
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+_QWEN_IDEFICS_TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                          num_key_value_heads=1, max_position_embeddings=1024)
+_PINPOINTS = [[32, 32], [32, 64], [64, 32]]  # LLaVA-NeXT / OneVision's any-resolution grids, at the tiny size
+
+
+def chatml_template(image: str) -> str:
+    """ChatML whose image part writes ``image`` (the family's placeholder)."""
+    return (
+        "{%- for message in messages -%}"
+        "{{ '<|im_start|>' + message['role'] + '\n' }}"
+        "{%- if message['content'] is string -%}{{ message['content'] }}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] == 'image' -%}{{ '" + image + "\n' }}"
+        "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+        "{{ '<|im_end|>\n' }}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+    )
+
+
+def family_tokenizer(specials: list[str], named: dict[str, str], template: str | None, vocab_size: int = 300):
+    """The LLaVA-like families' tokenizer: ChatML's specials, then the family's (``named``: attribute -> token, e.g.
+    ``{"image_token": "<image>"}``), a chat template writing the family's image placeholder."""
+    corpus = [" ".join(DEFAULT_CORPUS_WORDS)] * 4 + [f" {w}" for w in DEFAULT_CORPUS_WORDS]
+    return _bpe_tokenizer(SPECIAL_TOKENS + list(specials), corpus, vocab_size, bos_token="<s>", eos_token="<|im_end|>",
+                          extra_special_tokens=named, chat_template=template, model_max_length=4096)
+
+
+def _qwen_idefics_tokenizer(special: list[str], image_token: str, template: str, eos: str):
+    return _bpe_tokenizer(["<pad>", "<unk>", *special], [" ".join(DEFAULT_CORPUS_WORDS)] * 4, 320, eos_token=eos,
+                          extra_special_tokens={"image_token": image_token}, chat_template=template)
+
+
+def tiny_llama_config(vocab_size: int, **extra) -> dict:
+    return dict(model_type="llama", vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **extra)
+
+
+def tiny_qwen2_config(vocab_size: int) -> dict:
+    return dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+
+
+def tiny_siglip_config(**extra) -> dict:
+    return dict(model_type="siglip_vision_model", hidden_size=24, intermediate_size=48, num_hidden_layers=1,
+                num_attention_heads=2, image_size=32, patch_size=8, **extra)
+
+
+def tiny_clip_config(**extra) -> dict:
+    return dict(model_type="clip_vision_model", hidden_size=24, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=2, image_size=32, patch_size=8, projection_dim=24, **extra)
+
+
+def tiny_gemma3_text_config(vocab_size: int) -> dict:
+    return dict(model_type="gemma3_text", vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+                sliding_window=64, max_position_embeddings=1024)
+
+
+@dataclass
+class TinyVLM:
+    """A tiny stock VLM and what its folder holds besides the weights: ``processor`` (a transformers processor, saved
+    with ``save_pretrained``) or, where transformers builds the family's processor only with torchvision, its parts
+    as the family's checkpoints hold them: ``tokenizer``, ``image_processor`` (the PIL class), ``processor_config``
+    (processor_config.json), ``image_processor_type`` (the class preprocessor_config.json names, the family's
+    default one) and the chat template in ``template_file`` (chat_template.jinja as Qwen's and SmolVLM's folders
+    have it, or chat_template.json, without it in the tokenizer's config)."""
+
+    model: object
+    processor: object = None
+    tokenizer: object = None
+    image_processor: object = None
+    processor_config: dict | None = None
+    image_processor_type: str | None = None
+    template_file: str = "chat_template.jinja"
+
+    def save(self, output_dir: str | os.PathLike) -> str:
+        """Write the model and its processor's files to ``output_dir``; returns it."""
+        out = os.fspath(output_dir)
+        self.model.save_pretrained(out)
+        if self.processor is not None:
+            self.processor.save_pretrained(out)
+            return out
+        template = self.tokenizer.chat_template
+        self.image_processor.save_pretrained(out)
+        if self.template_file == "chat_template.json":
+            self.tokenizer.chat_template = None
+            try:
+                self.tokenizer.save_pretrained(out)
+            finally:
+                self.tokenizer.chat_template = template
+            _write_json(os.path.join(out, "chat_template.json"), {"chat_template": template})
+        else:
+            self.tokenizer.save_pretrained(out)
+            with open(os.path.join(out, "chat_template.jinja"), "w", encoding="utf-8") as f:
+                f.write(template)
+        if self.image_processor_type:
+            path = os.path.join(out, "preprocessor_config.json")
+            with open(path, encoding="utf-8") as f:
+                stored = json.load(f)
+            _write_json(path, {**stored, "image_processor_type": self.image_processor_type})
+        if self.processor_config is not None:
+            _write_json(os.path.join(out, "processor_config.json"), self.processor_config)
+        return out
+
+
+def _write_json(path: str, content: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(content, f)
+
+
+def _qwen_vl(family: str):
+    import transformers as tf
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _qwen_idefics_tokenizer(_QWEN_TOKENS, "<|image_pad|>", _QWEN_TEMPLATE, "<|im_end|>")
+    ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in (
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    # M-RoPE: mrope_section sums to head_dim / 2 (head_dim 16)
+    text = dict(_QWEN_IDEFICS_TEXT, vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    patches = dict(patch_size=8, spatial_merge_size=2, temporal_patch_size=2, num_heads=2)
+    if family == "qwen2_vl":
+        vision = dict(depth=2, embed_dim=16, hidden_size=32, **patches)
+        config = tf.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+        cls = tf.Qwen2VLForConditionalGeneration
+    elif family == "qwen2_5_vl":
+        vision = dict(depth=2, hidden_size=16, intermediate_size=32, out_hidden_size=32, window_size=16,
+                      fullatt_block_indexes=[1], **patches)
+        config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
+        cls = tf.Qwen2_5_VLForConditionalGeneration
+    else:
+        text["head_dim"] = 16
+        text["rope_parameters"]["mrope_interleaved"] = True
+        vision = dict(depth=2, hidden_size=16, intermediate_size=32, out_hidden_size=32, num_position_embeddings=16,
+                      deepstack_visual_indexes=[0, 1], **patches)
+        config = tf.Qwen3VLConfig(text_config=text, vision_config=vision, **ids)
+        cls = tf.Qwen3VLForConditionalGeneration
+    # 32 x 32 px: a 4 x 4 grid of 8-px patches, 4 merged tokens per image
+    images = Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32,
+                                      max_pixels=32 * 32)
+    return config, cls, dict(tokenizer=tokenizer, image_processor=images, image_processor_type="Qwen2VLImageProcessor")
+
+
+def _idefics3(family: str):
+    import transformers as tf
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    tokenizer = _qwen_idefics_tokenizer(_IDEFICS_TOKENS, "<image>", _IDEFICS_TEMPLATE, "<end_of_utterance>")
+    text = dict(_QWEN_IDEFICS_TEXT, model_type="llama", vocab_size=len(tokenizer))
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                  patch_size=8)
+    config_cls, cls, images_cls, name = (
+        (tf.Idefics3Config, tf.Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, "Idefics3")
+        if family == "idefics3"
+        else (tf.SmolVLMConfig, tf.SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil, "SmolVLM"))
+    scale = 2
+    config = config_cls(text_config=text, vision_config=vision, scale_factor=scale,
+                        image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    # 64-px images cut into 32-px tiles (2 x 2) plus the global image; 16 patches -> 4 tokens per tile
+    images = images_cls(do_image_splitting=True, size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    per_tile = (vision["image_size"] // vision["patch_size"]) ** 2 // scale**2
+    return config, cls, dict(tokenizer=tokenizer, image_processor=images, image_processor_type=f"{name}ImageProcessor",
+                             processor_config={"image_seq_len": per_tile, "processor_class": f"{name}Processor"})
+
+
+def _llava_next(family: str):
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    tok = family_tokenizer(["<image>"], {"image_token": "<image>"}, chatml_template("<image>"))
+    config = LlavaNextConfig(vision_config=tiny_clip_config(), text_config=tiny_llama_config(len(tok)),
+                             image_token_index=tok.image_token_id, image_grid_pinpoints=_PINPOINTS,
+                             vision_feature_select_strategy="default", vision_feature_layer=-1)
+    images = LlavaNextImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                        image_grid_pinpoints=_PINPOINTS)
+    processor = LlavaNextProcessor(images, tok, patch_size=8, vision_feature_select_strategy="default",
+                                   num_additional_image_tokens=1, chat_template=tok.chat_template)
+    return config, LlavaNextForConditionalGeneration, dict(processor=processor)
+
+
+def _llava_onevision(family: str):
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    tok = family_tokenizer(["<image>", "<video>"], {"image_token": "<image>", "video_token": "<video>"},
+                           chatml_template("<image>"))
+    config = LlavaOnevisionConfig(vision_config=tiny_siglip_config(), text_config=tiny_qwen2_config(len(tok)),
+                                  image_token_index=tok.image_token_id, video_token_index=tok.video_token_id,
+                                  image_grid_pinpoints=_PINPOINTS, vision_feature_layer=-1)
+    images = LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32}, image_grid_pinpoints=_PINPOINTS)
+    return config, LlavaOnevisionForConditionalGeneration, dict(
+        tokenizer=tok, image_processor=images, template_file="chat_template.json",
+        processor_config={"processor_class": "LlavaOnevisionProcessor", "num_image_tokens": 16,
+                          "vision_feature_select_strategy": "full"})
+
+
+def _gemma3(family: str):
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tok = family_tokenizer(list(named.values()), named, chatml_template("<start_of_image>"))
+    config = Gemma3Config(vision_config=tiny_siglip_config(), text_config=tiny_gemma3_text_config(len(tok)),
+                          mm_tokens_per_image=4, boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
+                          image_token_index=tok.image_token_id)
+    images = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    processor = Gemma3Processor(images, tok, image_seq_length=4, chat_template=tok.chat_template)
+    return config, Gemma3ForConditionalGeneration, dict(processor=processor)
+
+
+def _internvl(family: str):
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+             "video_token": "<video>"}
+    tok = family_tokenizer(list(named.values()), named, chatml_template("<IMG_CONTEXT>"))
+    vision = dict(model_type="internvl_vision", hidden_size=24, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=32, patch_size=8)
+    config = InternVLConfig(vision_config=vision, text_config=tiny_qwen2_config(len(tok)),
+                            image_token_id=tok.context_image_token_id, image_seq_length=4, downsample_ratio=0.5)
+    images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    return config, InternVLForConditionalGeneration, dict(
+        tokenizer=tok, image_processor=images, template_file="chat_template.json",
+        processor_config={"processor_class": "InternVLProcessor", "image_seq_length": 4})
+
+
+def _mistral3(family: str):
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    named = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+    tok = family_tokenizer(list(named.values()), named, chatml_template("[IMG]"))
+    vision = dict(model_type="pixtral", hidden_size=24, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, head_dim=12, image_size=32, patch_size=8)
+    text = dict(model_type="mistral", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024)
+    config = Mistral3Config(vision_config=vision, text_config=text, image_token_index=tok.image_token_id,
+                            spatial_merge_size=2, vision_feature_layer=-1)
+    images = PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size=8)
+    return config, Mistral3ForConditionalGeneration, dict(
+        tokenizer=tok, image_processor=images, template_file="chat_template.json",
+        processor_config={"processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 2})
+
+
+_BUILDERS = {
+    "idefics3": _idefics3, "smolvlm": _idefics3,
+    "qwen2_vl": _qwen_vl, "qwen2_5_vl": _qwen_vl, "qwen3_vl": _qwen_vl,
+    "llava_next": _llava_next, "llava_onevision": _llava_onevision, "gemma3": _gemma3, "internvl": _internvl,
+    "mistral3": _mistral3,
+}
+
+
+def tiny_vlm(family: str, seed: int = 0) -> TinyVLM:
+    """A tiny random stock VLM of ``family`` (a ``model_type`` of ``TINY_VLM_FAMILIES``) with its processor.
+
+    Where a random connector would write outputs too flat for a LayerNorm (their spread below its eps, 1e-5: the
+    aligned norm could not bring them to T), it is drawn larger: Gemma3's projection matrix (initialised to zeros,
+    which would send no image to the LLM) from N(0, 0.1); Mistral3's last projector layer times 30."""
+    import torch
+
+    if family not in _BUILDERS:
+        raise ValueError(f"family {family!r}: tiny_vlm builds {', '.join(TINY_VLM_FAMILIES)}")
+    config, model_class, files = _BUILDERS[family](family)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        if family == "gemma3":
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(std=0.1)
+        elif family == "mistral3":
+            for param in model.model.multi_modal_projector.linear_2.parameters():
+                param.mul_(30)
+    return TinyVLM(model=model, **files)
+
+
+def save_tiny_vlm(family: str, output_dir: str | os.PathLike, seed: int = 0) -> str:
+    """Write a tiny random stock VLM of ``family`` (``TINY_VLM_FAMILIES``: a ``model_type``, e.g. ``"idefics3"``,
+    ``"llava_next"``) to ``output_dir`` as its checkpoints are laid out: weights, config, tokenizer with a chat
+    template, image processor, processor config. The folder ``llava-normaligned align`` takes; ``train`` builds the
+    processor of the families in ``TRAINS_WITHOUT_TORCHVISION`` without torchvision. Returns the folder's path."""
+    return tiny_vlm(family, seed=seed).save(output_dir)
+
+
+# ----------------------------------------------------------------------------------------------------------- CLI
+
+PROG = "python -m llava_normaligned.tiny"
+
+
+def make_parser() -> CommandParser:
+    parser = CommandParser(  # argparse's usage errors in one line, exit code 2
+        prog=PROG,
+        description="Write a tiny random stock vision-language model of another family (transformers' own classes, "
+        "a few hundred kilobytes, built in code: nothing is downloaded) with its processor, as the folder "
+        "`llava-normaligned align` takes. See docs/align.md, 'Offline, with nothing downloaded'.",
+    )
+    parser.add_argument("--family", required=True, type=lambda name: name.strip().lower().replace("-", "_"),
+                        choices=TINY_VLM_FAMILIES, metavar="FAMILY",
+                        help=f"the model_type to build: {', '.join(TINY_VLM_FAMILIES)} (SmolVLM's architecture is "
+                        f"idefics3's). `train` needs torchvision for all but {', '.join(TRAINS_WITHOUT_TORCHVISION)}")
+    parser.add_argument("--output-dir", required=True, help="new or empty folder to write the model to")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_number("--seed", args.seed, SEED)
+        check_output_folder("--output-dir", args.output_dir, empty=True)
+    except BadInput as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # "Writing model shards": one shard of a few hundred kB
+    quiet_known_notices()  # DeepSpeed's "Setting accelerator to CPU", when save_pretrained imports it
+    vlm = tiny_vlm(args.family, seed=args.seed)
+    vlm.save(os.path.expanduser(args.output_dir))
+    count = sum(p.numel() for p in vlm.model.parameters())
+    print(f"wrote {args.output_dir}: a tiny random {type(vlm.model).__name__} ({count:,} parameters) with its "
+          f"processor; next: llava-normaligned align {args.output_dir} --output-dir ALIGNED")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

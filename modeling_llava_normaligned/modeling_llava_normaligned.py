@@ -308,7 +308,8 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
             shown = ", ".join(others[:5]) + (f" ... ({len(others)} in all)" if len(others) > 5 else "")
             logger.warning(
                 "%s lacks %d weight(s), initialised at random: %s. A stock LLaVA checkpoint converts with "
-                "`llava-normaligned convert --from-llava`; `llava_normaligned.load_model` (every command) refuses it.",
+                "`llava-normaligned convert --from-llava`; `llava_normaligned.loading.load_model` (every command) "
+                "refuses it.",
                 named, len(others), shown,
             )
         if any(_is_norm_key(k) for k in missing):

@@ -23,8 +23,8 @@ def floor_of(package: str) -> str:
 
 
 def _pip(*args: str, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args],
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def run_with_release(package: str, version: str, check: str, tmp_path) -> dict:
@@ -44,7 +44,7 @@ def run_with_release(package: str, version: str, check: str, tmp_path) -> dict:
     assert installed.returncode == 0, installed.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", check), str(tmp_path / "work")],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert Version(report[package]) == Version(version) and report[f"{package}_file"].startswith(str(target))

@@ -1,8 +1,8 @@
 """``llava-normaligned align``: the aligned LayerNorm put into stock VLMs of other families.
 
-Each family is a tiny random model of transformers' own classes, built in code by the families' diagnose tests
-(``test_families_qwen_smolvlm._build``, ``test_families_llava_like.save_family``), saved as a user's folder and
-aligned through the CLI. Answers known by construction: on a text-only prompt the aligned model computes the stock
+Each family is a tiny random model of transformers' own classes, built in code (``llava_normaligned.tiny``'s
+``save_tiny_vlm``, the stock models the families' diagnose tests use too), saved as a user's folder and aligned
+through the CLI. Answers known by construction: on a text-only prompt the aligned model computes the stock
 model's logits (loaded where this package cannot be imported, from the folder's own remote code, with no weight
 missing or unexpected); with an image the vision tokens enter the LLM at the text norm T (the norm's output has norm
 gain * sqrt(D) = T); Global Weight Compensation scales the gradient reaching the connector by 1 / clamp(mean|g|, min).
@@ -28,35 +28,16 @@ from llava_normaligned.diagnostics.inputs import list_images, load_prompts, pair
 from llava_normaligned.diagnostics.runner import probe_model
 from llava_normaligned.families.anatomy import ALIGNED_MODEL_TYPE_PREFIX, ALIGNED_NORM_NAME, family_of
 from llava_normaligned.loading import load_model
+from llava_normaligned.tiny import save_tiny_vlm
 from modeling_llava_normaligned import ALIGNED_REMOTE_CODE_FILES
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
-QWEN_IDEFICS = ("idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-LLAVA_LIKE = ("llava_next", "llava_onevision", "gemma3", "internvl", "mistral3")
-FAMILIES = QWEN_IDEFICS + LLAVA_LIKE
+FAMILIES = ("idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_next", "llava_onevision", "gemma3",
+            "internvl", "mistral3")
 # their transformers processors need no torchvision: AutoProcessor and pipeline() work on the aligned folder
 AUTO_PROCESSOR = ("llava_next", "gemma3", "idefics3")  # the first: pipeline()
 MIN_GWC = 0.5  # the clamp given on the command line to one family (qwen2_vl): the factor is then exactly 2
-
-
-def _save_stock(family: str, out: str) -> str:
-    if family in LLAVA_LIKE:
-        from test_families_llava_like import save_family
-
-        save_family(family, out)
-        if family == "mistral3":  # its tiny connector's outputs vary less than LayerNorm's eps (1e-5): scale them up
-            from safetensors.torch import load_file, save_file
-
-            path = os.path.join(out, "model.safetensors")
-            weights = load_file(path)
-            for key in [k for k in weights if "multi_modal_projector.linear_2." in k]:
-                weights[key] = weights[key] * 30
-            save_file(weights, path, metadata={"format": "pt"})
-        return out
-    from test_families_qwen_smolvlm import save_family
-
-    return save_family(family, out)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +46,7 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("align")
     made = {}
     for family in FAMILIES:
-        stock = _save_stock(family, str(root / "stock" / family))
+        stock = save_tiny_vlm(family, str(root / "stock" / family))
         aligned = str(root / "aligned" / family)
         extra = ["--gradient-compensation-min", str(MIN_GWC)] if family == "qwen2_vl" else []
         assert cli_main(["align", stock, "--output-dir", aligned, *extra]) == 0

@@ -1,6 +1,6 @@
 """Training, diagnosing and publishing a stock VLM of another family with the aligned norm (``align``'s output).
 
-Tiny random models of transformers' own classes (``test_align._save_stock``), aligned through the CLI, then trained
+Tiny random models of transformers' own classes (``llava_normaligned.tiny.save_tiny_vlm``), aligned through the CLI, then trained
 two steps through ``llava-normaligned train --stage 2`` on LLaVA JSON rows, with one learning rate per part. What is
 known by construction: the norm is the connector's (it trains, in the projector's optimizer group, at the
 projector's rate; PEFT keeps the connector with its norm in ``modules_to_save``); every trainable parameter gets a
@@ -17,18 +17,18 @@ import pytest
 import torch
 from isolation import run_isolated
 from safetensors.torch import load_file
-from test_align import _save_stock
 from test_train_hubdata import write_hub_parquet
 from test_train_support import write_llava_dataset
 
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.families.anatomy import ALIGNED_NORM_NAME, anatomy_of, family_of
 from llava_normaligned.loading import load_model
+from llava_normaligned.tiny import TRAINS_WITHOUT_TORCHVISION, save_tiny_vlm
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 # the families whose transformers processor loads without torchvision (the others train where it is installed)
-TRAINED = ("idefics3", "llava_next", "llava_onevision", "gemma3", "internvl")
+TRAINED = TRAINS_WITHOUT_TORCHVISION
 PEFT = ("idefics3", "llava_next")  # the norm on the connector's output; on the image features
 RATES = {"projector": 1e-3, "llm": 1e-4, "vision_tower": 2e-6}
 FAST = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no",
@@ -62,7 +62,7 @@ def aligned(tmp_path_factory):
     root = tmp_path_factory.mktemp("align_train")
     made = {}
     for family in (*TRAINED, "qwen2_vl"):
-        stock = _save_stock(family, str(root / "stock" / family))
+        stock = save_tiny_vlm(family, str(root / "stock" / family))
         made[family] = str(root / "aligned" / family)
         assert cli_main(["align", stock, "--output-dir", made[family]]) == 0
     return made
@@ -324,6 +324,7 @@ import json, os, sys
 import torch, torch.distributed as dist
 from trl import SFTConfig
 from llava_normaligned.loading import load_model
+from llava_normaligned.tiny import TRAINS_WITHOUT_TORCHVISION, save_tiny_vlm
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.train import StageConfig, shared_image_checker, train_stage
 

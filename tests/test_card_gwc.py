@@ -89,7 +89,8 @@ def test_publishing_does_not_import_the_demo(gwc_folder):
     probe = ("import sys; from llava_normaligned.hub_cards import card, push; "
              f"card.render_card({str(gwc_folder)!r}); "
              "print(sorted(m for m in sys.modules if m.startswith('llava_normaligned.demo')))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         stdin=subprocess.DEVNULL)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 

@@ -21,6 +21,7 @@ import warnings
 
 import eval_fixtures
 import pytest
+from processes import send_or_skip, spawn_console, wait_after_signal
 from test_train_support import write_llava_dataset
 
 from llava_normaligned.cli import main
@@ -354,7 +355,7 @@ def test_the_console_exits_2_with_one_line(row, traps, tmp_path):
     places = _places(traps, tmp_path)
     before = _tree(places["nonempty"])
     proc = subprocess.run([CONSOLE, *(arg.format(**places) for arg in argv)], capture_output=True, text=True,
-                          timeout=300, env=_console_env(), check=False)
+                          timeout=300, env=_console_env(), check=False, stdin=subprocess.DEVNULL)
     lines = _error_lines(proc.stderr)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1 and all(text in lines[0] for text in says), lines
@@ -400,15 +401,29 @@ def _read_lines(stream, into: queue.Queue) -> None:
     into.put(None)
 
 
+def _drain(lines: queue.Queue, into: list) -> bool:
+    """Move what the reader has queued into ``into``; False once the stream has ended."""
+    while True:
+        try:
+            line = lines.get_nowait()
+        except queue.Empty:
+            return True
+        if line is None:
+            lines.put(None)  # the end stays seen
+            return False
+        into.append(line)
+
+
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["before the first checkpoint", "after one"])
 def test_ctrl_c_during_train_is_one_line_exit_130(checkpoint, tiny_model_dir, tmp_path):
     """A real `llava-normaligned train` process, sent SIGINT once training has started: one line and exit code 130.
     Before its first checkpoint the output folder it had created is gone; after one, the folder is kept and the line
-    says how to continue."""
+    says how to continue. The child starts with SIGINT at its default disposition even when the tests were started
+    with it ignored (in the background: ``cmd &``, nohup), as a user's train started from a terminal is."""
     data, images = write_llava_dataset(str(tmp_path / "data"), n_rows=8, text_only=0)
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [CONSOLE, "train", "--stage", "1", "--model", tiny_model_dir, "--data-path", data, "--image-folder", images,
+    proc = spawn_console(
+        ["train", "--stage", "1", "--model", tiny_model_dir, "--data-path", data, "--image-folder", images,
          "--output-dir", str(out), "--max_steps", "100000", "--save_steps", "1" if checkpoint else "50000",
          "--per_device_train_batch_size", "4", "--report_to", "none", "--gradient_checkpointing", "False",
          "--disable_tqdm", "True"],
@@ -416,22 +431,32 @@ def test_ctrl_c_during_train_is_one_line_exit_130(checkpoint, tiny_model_dir, tm
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_read_lines, args=(proc.stderr, lines), daemon=True).start()
-    seen, deadline = [], time.monotonic() + 300
+    seen: list[str] = []
+
+    def said_so_far() -> str:
+        _drain(lines, seen)
+        return "".join(seen)
+
+    deadline = time.monotonic() + 300
     try:
         while not any("optimizer group" in line for line in seen):  # logged as training starts
-            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
-            assert line is not None, "".join(seen)[-3000:]
-            seen.append(line)
+            running = _drain(lines, seen) and proc.poll() is None
+            assert running, f"train ended (exit {proc.poll()}) before training started:\n{said_so_far()[-3000:]}"
+            assert time.monotonic() < deadline, "train did not start training within 300 s:\n" + said_so_far()[-3000:]
+            time.sleep(0.05)
         assert out.is_dir()  # the run made it
         while checkpoint and not (out / "checkpoint-2").is_dir():  # checkpoint-1 is complete once -2 is begun
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(seen)[-3000:]
+            assert time.monotonic() < deadline and proc.poll() is None, said_so_far()[-3000:]
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
+        send_or_skip(proc, signal.SIGINT)
+        wait_after_signal(proc, signal.SIGINT, 120, said_so_far)
     finally:
-        proc.kill()
-    while (line := lines.get(timeout=10)) is not None:
-        seen.append(line)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    end = time.monotonic() + 10
+    while _drain(lines, seen) and time.monotonic() < end:  # the rest of what it wrote
+        time.sleep(0.02)
     err = "".join(seen)
     said = [line for line in err.splitlines() if line.startswith("llava-normaligned")]
     assert proc.returncode == 130, err[-3000:]

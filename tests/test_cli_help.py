@@ -17,7 +17,7 @@ PROBE = ("import sys; from llava_normaligned.cli import main; code = main([{comm
 def _help(command: str, cache: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "LLAVA_NORMALIGNED_CACHE": cache, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-c", PROBE.format(command=command)], capture_output=True, text=True,
-                          env=env, timeout=600)
+                          env=env, timeout=600, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.parametrize("command", ["train"])

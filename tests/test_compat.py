@@ -187,7 +187,7 @@ compat.record_distributed_type(DistributedType.FSDP)
 print(AcceleratorState().distributed_type == DistributedType.FSDP)
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            check=False)
+                            check=False, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False", "True"], result.stdout
 
@@ -321,7 +321,7 @@ def test_vllm_llava_projector_hook(request):
         python = str(request.getfixturevalue("vllm_python"))
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run([python, "-c", VLLM_PIN], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                            env=env, check=False)
+                            env=env, check=False, stdin=subprocess.DEVNULL)
     assert result.returncode == 0 and result.stdout.split()[-1:] == ["pinned"], result.stderr[-3000:]
 
 
@@ -362,10 +362,15 @@ def test_outside_the_checked_range_a_hook_probes_or_fails(monkeypatch, caplog):
     hook = HOOKS["argparse_internals"]
     assert compat.in_checked_range(hook.name, "3.11.7") and not compat.in_checked_range(hook.name, "9.0")
     monkeypatch.setattr(compat, "_seen", set())
+    monkeypatch.setattr(compat, "_told", set())
     monkeypatch.setattr(compat, "installed_version", lambda library: "9.0")
     with caplog.at_level("INFO", logger=compat.__name__):
         compat.ensure(hook.name)  # the probe finds argparse's private names: used, and said once
-    assert "not a version llava-normaligned was checked with" in caplog.text
+        compat.ensure(hook.name)
+    said = [r for r in caplog.records if r.name == compat.__name__]
+    assert [r.levelname for r in said] == ["WARNING"], caplog.text
+    assert said[0].getMessage() == ("python 9.0 is not a version llava-normaligned was tested with "
+                                    "(python>=3.11,<3.12); what it relies on is there, so the run goes on")
 
     def gone():
         raise AttributeError("no _action_groups")
@@ -374,6 +379,23 @@ def test_outside_the_checked_range_a_hook_probes_or_fails(monkeypatch, caplog):
     monkeypatch.setattr(compat, hook.probe, gone)
     with pytest.raises(compat.CompatError, match=r"python 9\.0 lacks .* argparse_internals .* checked with python"):
         compat.ensure(hook.name)
+
+
+def test_a_newer_library_is_said_once_in_one_line(monkeypatch, caplog):
+    """Every transformers hook checks the version when a trainer is made: a user of a newer release reads one line,
+    not one per hook."""
+    names = [hook.name for hook in HOOKS.values() if hook.library == "transformers"]
+    assert len(names) > 1
+    monkeypatch.setattr(compat, "_seen", set())
+    monkeypatch.setattr(compat, "_told", set())
+    real = compat.installed_version
+    monkeypatch.setattr(compat, "installed_version", lambda library: "99.0" if library == "transformers" else
+                        real(library))
+    with caplog.at_level("INFO", logger=compat.__name__):
+        for name in names:
+            compat.ensure(name)
+    said = [r.getMessage() for r in caplog.records if r.name == compat.__name__]
+    assert len(said) == 1 and said[0].startswith("transformers 99.0 is not a version"), said
 
 
 def _package_modules():

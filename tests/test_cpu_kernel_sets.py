@@ -46,7 +46,7 @@ def _effective(capability: str) -> str:
     code = ("import torch; x = torch.randn(64, 64); (x @ x).softmax(-1).sum().item(); "
             "torch.nn.functional.layer_norm(x, (64,)).exp().sum().item(); print(torch.backends.cpu.get_cpu_capability())")
     run = subprocess.run([sys.executable, "-c", code], env=_env(capability), capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, stdin=subprocess.DEVNULL)
     if run.returncode == -signal.SIGILL:
         return "refused by the CPU (illegal instruction)"
     assert run.returncode == 0, run.stderr[-2000:]
@@ -67,6 +67,7 @@ def test_numerics_hold_on_another_kernel_set(capability, tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kernel_set_probe", "-x",
                "-k", "not compile", *(str(TESTS / m) for m in MODULES)]
-    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+                         stdin=subprocess.DEVNULL)
     assert run.returncode == 0, f"ATEN_CPU_CAPABILITY={capability}:\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
     assert report.read_text() == capability.upper(), f"asked for {capability}, the run used {report.read_text()}"

@@ -138,7 +138,7 @@ def test_no_network_and_no_local_copy_is_a_clear_error(tmp_path):
         [sys.executable, "-m", "llava_normaligned.cli", "eval", eval_fixtures.trap_model(tmp_path / "model"),
          "--tasks", "pope,mmstar",
          "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr

@@ -1,6 +1,7 @@
 """``diagnose`` on Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Idefics3 and SmolVLM: tiny random models of transformers' own
 classes, saved with an offline processor (a trained tokenizer holding the family's special tokens, the family's image
-processor at tiny sizes, a chat template writing its image placeholder) as a user's folder, then diagnosed. Answers
+processor at tiny sizes, a chat template writing its image placeholder) as a user's folder (``llava_normaligned.tiny``'s
+stock VLMs, ``save_tiny_vlm``), then diagnosed. Answers
 known by construction: the reported vision norm at the LLM input is the norm of ``inputs_embeds`` at the image
 positions; scaling the connector's output by k scales the vision/text ratio by k; Qwen3-VL's deepstack features are
 read where they enter the LLM; the M-RoPE positions are the model's own."""
@@ -14,8 +15,6 @@ import pytest
 import torch
 from numerics import F32_EPS, assert_close_scaled, kl_resolution
 from PIL import Image
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from llava_normaligned.diagnostics import DiagnoseConfig, main, passes
 from llava_normaligned.diagnostics.default_inputs import default_images_dir, default_prompts_file
@@ -25,120 +24,11 @@ from llava_normaligned.families.anatomy import AnatomyError, family_of
 from llava_normaligned.families.probe_points import locate
 from llava_normaligned.families.processors import ExpandingProcessor, load_processor
 from llava_normaligned.loading import load_model
-from llava_normaligned.tiny import DEFAULT_CORPUS_WORDS
+from llava_normaligned.tiny import save_tiny_vlm, tiny_vlm
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "smolvlm")
-TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
-            max_position_embeddings=1024)
-
-QWEN_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-               "<|video_pad|>"]
-QWEN_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-IDEFICS_TOKENS = ["<|im_start|>", "<end_of_utterance>", "<|endoftext|>", "<fake_token_around_image>", "<image>",
-                  "<global-img>"] + [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
-IDEFICS_TEMPLATE = (  # SmolVLM's own, for images and text
-    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
-    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}"
-    "{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
-)
-
-
-def _tokenizer(special: list[str], image_token: str, template: str, eos: str) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<unk>", *special],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([" ".join(DEFAULT_CORPUS_WORDS)] * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token="<pad>", unk_token="<unk>",
-                                   extra_special_tokens={"image_token": image_token}, chat_template=template,
-                                   padding_side="left")
-
-
-
-def save_family(family: str, out: str) -> str:
-    """A tiny ``family`` model saved in ``out`` as its checkpoints are: weights, tokenizer, image processor (named as
-    the family's default class) and chat_template.jinja. Returns ``out``."""
-    model, tokenizer, image_processor, stored_name = _build(family)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    image_processor.save_pretrained(out)
-    path = os.path.join(out, "preprocessor_config.json")
-    with open(path, encoding="utf-8") as f:
-        stored = json.load(f)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({**stored, "image_processor_type": stored_name}, f)
-    with open(os.path.join(out, "chat_template.jinja"), "w", encoding="utf-8") as f:
-        f.write(tokenizer.chat_template)
-    if not family.startswith("qwen"):  # as Idefics3 / SmolVLM checkpoints: the tokens per tile the connector gives
-        vision, scale = model.config.vision_config, model.config.scale_factor
-        per_tile = (vision.image_size // vision.patch_size) ** 2 // scale**2
-        with open(os.path.join(out, "processor_config.json"), "w", encoding="utf-8") as f:
-            json.dump({"image_seq_len": per_tile, "processor_class": stored_name.replace("ImageProcessor", "Processor")}, f)
-    return out
-
-def _build(family: str):
-    """(model, tokenizer, image processor, the class name a real folder's preprocessor_config.json names)."""
-    import transformers as tf
-
-    if family.startswith("qwen"):
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-        tokenizer = _tokenizer(QWEN_TOKENS, "<|image_pad|>", QWEN_TEMPLATE, "<|im_end|>")
-        ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in (
-            ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-            ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
-        # M-RoPE: mrope_section sums to head_dim / 2 (head_dim 16)
-        text = dict(TEXT, vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                    rope_parameters={
-            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
-        patches = dict(patch_size=8, spatial_merge_size=2, temporal_patch_size=2, num_heads=2)
-        if family == "qwen2_vl":
-            config = tf.Qwen2VLConfig(text_config=text, vision_config=dict(depth=2, embed_dim=16, hidden_size=32,
-                                                                           **patches), **ids)
-            cls = tf.Qwen2VLForConditionalGeneration
-        elif family == "qwen2_5_vl":
-            vision = dict(depth=2, hidden_size=16, intermediate_size=32, out_hidden_size=32, window_size=16,
-                          fullatt_block_indexes=[1], **patches)
-            config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
-            cls = tf.Qwen2_5_VLForConditionalGeneration
-        else:
-            text["head_dim"] = 16
-            text["rope_parameters"]["mrope_interleaved"] = True
-            vision = dict(depth=2, hidden_size=16, intermediate_size=32, out_hidden_size=32, num_position_embeddings=16,
-                          deepstack_visual_indexes=[0, 1], **patches)
-            config = tf.Qwen3VLConfig(text_config=text, vision_config=vision, **ids)
-            cls = tf.Qwen3VLForConditionalGeneration
-        # 32 x 32 px: a 4 x 4 grid of 8-px patches, 4 merged tokens per image
-        image_processor = Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=2,
-                                                   min_pixels=32 * 32, max_pixels=32 * 32)
-        stored_name = "Qwen2VLImageProcessor"
-    else:
-        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-        from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
-
-        tokenizer = _tokenizer(IDEFICS_TOKENS, "<image>", IDEFICS_TEMPLATE, "<end_of_utterance>")
-        text = dict(TEXT, model_type="llama", vocab_size=len(tokenizer))
-        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
-                      patch_size=8)
-        cfg_cls, cls, ip_cls = (
-            (tf.Idefics3Config, tf.Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil) if family == "idefics3"
-            else (tf.SmolVLMConfig, tf.SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil))
-        config = cfg_cls(text_config=text, vision_config=vision, scale_factor=2,
-                         image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
-        # 64-px images cut into 32-px tiles (2 x 2) plus the global image; 16 patches -> 4 tokens per tile
-        image_processor = ip_cls(do_image_splitting=True, size={"longest_edge": 64},
-                                 max_image_size={"longest_edge": 32})
-        stored_name = "Idefics3ImageProcessor" if family == "idefics3" else "SmolVLMImageProcessor"
-    torch.manual_seed(0)
-    return cls(config).eval(), tokenizer, image_processor, stored_name
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +37,7 @@ def folders(tmp_path_factory):
     family's default (torchvision) image processor class, and chat_template.jinja."""
     made = {}
     for family in FAMILIES:
-        made[family] = save_family(family, str(tmp_path_factory.mktemp(family)))
+        made[family] = save_tiny_vlm(family, str(tmp_path_factory.mktemp(family)), seed=0)
     return made
 
 
@@ -322,7 +212,7 @@ def test_the_families_parts_are_counted_once(folders):
     import re
 
     for family in FAMILIES:
-        model = _build(family)[0]
+        model = tiny_vlm(family, seed=0).model
         spec = family_of(model.config)
         names = dict(model.named_parameters())
         parts = {name: spec.part_of(name) for name in names}

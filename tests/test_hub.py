@@ -155,6 +155,7 @@ def published(hub, tiny_model_dir, tmp_path_factory):
     cli = subprocess.run(
         [sys.executable, "-c", CLI_PUSH_PULL, tiny_model_dir, str(tmp / "pulled")], cwd=tmp,
         env=client_env(hub, tmp / "home_cli", token=ALICE), capture_output=True, text=True, timeout=600,
+        stdin=subprocess.DEVNULL,
     )
     assert cli.returncode == 0, cli.stdout + cli.stderr
     v1 = re.search(r"pushed \d+ file\(s\) to alice/tiny@main: commit ([0-9a-f]{40})", cli.stdout).group(1)
@@ -167,6 +168,7 @@ def published(hub, tiny_model_dir, tmp_path_factory):
     train = subprocess.run(
         [sys.executable, "-c", TRAIN_AND_PUSH, tiny_model_dir, str(trained_dir), "alice/trained"], cwd=tmp,
         env=client_env(hub, tmp / "home_train", token=ALICE), capture_output=True, text=True, timeout=600,
+        stdin=subprocess.DEVNULL,
     )
     assert train.returncode == 0, train.stdout + train.stderr[-4000:]
     # 4. The training output folder through `push`, with the fresh-process load check.
@@ -680,7 +682,7 @@ def test_pull_never_downloads_pickles_and_flags_code_from_other_repos(hub, tiny_
     cli = subprocess.run(
         [sys.executable, "-m", "llava_normaligned.cli", "pull", "alice/mixed", "--local-dir", str(tmp_path / "cli")],
         cwd=tmp_path, env=client_env(hub, tmp_path / "home", token=ALICE), capture_output=True, text=True, timeout=300,
-        check=False,
+        check=False, stdin=subprocess.DEVNULL,
     )
     assert cli.returncode == 0, cli.stderr
     out = cli.stdout

@@ -17,6 +17,7 @@ from isolation import run_isolated
 from llava_normaligned.hub_cards.selfcheck import run_without_package
 from numerics import F32_EPS, assert_close_scaled
 from PIL import Image
+from processes import CONSOLE
 from torch import nn
 
 from llava_normaligned.generation import generate_batch, prepare_inputs, stream_answer
@@ -463,6 +464,7 @@ def test_hub_checkpoint_loads_without_remote_code_and_trusting_it_warns_unless_p
         text=True,
         timeout=240,
         check=False,
+        stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
@@ -503,10 +505,8 @@ def test_cli_streams_the_answer_of_the_batch_api(tiny_model_dir, images, quantiz
 
 
 def test_console_script_answers_a_question_about_an_image(tiny_model_dir, images, tmp_path):
-    script = shutil.which("llava-normaligned", path=os.path.dirname(sys.executable)) or shutil.which(
-        "llava-normaligned"
-    )
-    assert script, "the console script is not installed (pip install -e .)"
+    script = CONSOLE  # the one installed with this interpreter, not another found on PATH
+    assert os.access(script, os.X_OK), "the console script is not installed (pip install -e .)"
     result = subprocess.run(
         [
             script,
@@ -529,6 +529,7 @@ def test_console_script_answers_a_question_about_an_image(tiny_model_dir, images
         timeout=180,
         cwd=str(tmp_path),
         check=False,
+        stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() and "4bit on cpu" in result.stderr

@@ -127,7 +127,8 @@ def test_memory_holds_rows_one_at_a_time(tmp_path):
     """)
     peak = {}
     for how in ("whole", "rows"):
-        out = subprocess.run([sys.executable, "-c", probe, how], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", probe, how], capture_output=True, text=True, check=True,
+                             stdin=subprocess.DEVNULL)
         count, peak[how] = out.stdout.split()
         assert int(count) == 150_000
     whole, rows = float(peak["whole"]), float(peak["rows"])

@@ -40,7 +40,7 @@ def _installed_layout(target: Path) -> Path:
 def _lint(tree: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.run([LINT, str(tree / "pyproject.toml"), "--no-cache"], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_the_copy_is_what_python_imports(tree):
     """The graph is built from the copy, not from the checkout the editable install points at."""
     code = "import llava_normaligned.trainer as t, llava_normaligned.hub_cards as h; print(t.__file__); print(h.__file__)"
     out = subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                         capture_output=True, text=True, check=True).stdout.split()
+                         capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL).stdout.split()
     assert all(Path(path).is_relative_to(tree) for path in out), out
 
 

@@ -27,7 +27,7 @@ TASKS = ["pope", "scienceqa_img", "mmstar", "ai2d", "hellaswag"]  # four generat
 
 def _installed(python: str) -> bool:
     probe = "import lmms_eval, llava_normaligned, torch; assert 'torchvision' not in __import__('sys').modules"
-    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+    return subprocess.run([python, "-c", probe], capture_output=True, stdin=subprocess.DEVNULL).returncode == 0
 
 
 @pytest.fixture(scope="session")
@@ -49,19 +49,19 @@ def lmms_python(tmp_path_factory) -> str:
     if os.path.exists(python) and _installed(python):
         return python
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", "--clear", home], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", home], check=True, stdin=subprocess.DEVNULL)
     own = sysconfig.get_paths()
     site_dir = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+                              capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL).stdout.strip()
     with open(os.path.join(site_dir, "parent-environment.pth"), "w") as f:  # this environment's packages, after its own
         f.write("".join(f"import site; site.addsitedir({p!r})\n" for p in dict.fromkeys([own["purelib"], own["platlib"]])))
     constraints = os.path.join(home, "constraints.txt")
     with open(constraints, "w") as f:
         f.write(CPU_INSTALL["constraints"])
-    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
     for args in (["--no-deps", CPU_INSTALL["lmms_eval"]], ["-c", constraints, *CPU_INSTALL["needs"]]):
         # pip lists lmms-eval's requirements left out (video, audio, API models): noise, unless it fails
-        done = subprocess.run(pip + args, capture_output=True, text=True)
+        done = subprocess.run(pip + args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     print(f"\nlmms-eval environment installed in {time.monotonic() - start:.0f} s at {home}")
     assert _installed(python), "lmms-eval environment does not import (or imported torchvision)"
@@ -100,7 +100,8 @@ def test_engine_lmms_eval_offline_matches_own_harness(lmms_python, tiny_model_di
     out = tmp_path / "lmms"
     cli = [lmms_python, "-m", "llava_normaligned.cli", "eval", tiny_model_dir, "--engine", "lmms-eval", *common,
            "--output-dir", str(out), "--baseline", str(own / "results.json"), "--label", "via-lmms"]
-    run = subprocess.run(cli, capture_output=True, text=True, cwd=tmp_path, env=_offline_env(hf_home))
+    run = subprocess.run(cli, capture_output=True, text=True, cwd=tmp_path, env=_offline_env(hf_home),
+                         stdin=subprocess.DEVNULL)
     log = (out / "lmms_eval.log").read_text() if (out / "lmms_eval.log").exists() else ""
     assert run.returncode == 0, run.stderr[-3000:] + log[-3000:]
 
@@ -198,7 +199,7 @@ def test_scores_agree_on_the_same_answers(lmms_python, tiny_model_dir, tmp_path,
     (tmp_path / "answers.json").write_text(json.dumps(FIXED))
     (tmp_path / "fixed.py").write_text(FIXED_ANSWERS_RUN)
     run = subprocess.run([lmms_python, "fixed.py", "answers.json", ",".join(TASKS), "lmms.json"], cwd=tmp_path,
-                         capture_output=True, text=True, env=_offline_env(hf_home))
+                         capture_output=True, text=True, env=_offline_env(hf_home), stdin=subprocess.DEVNULL)
     assert run.returncode == 0 and (tmp_path / "lmms.json").exists(), run.stderr[-3000:]
     raw = json.loads((tmp_path / "lmms.json").read_text())
 
@@ -255,7 +256,8 @@ def test_plugin_is_registered_and_answers_in_4bit(lmms_python, tiny_model_dir, t
     as (negative log-probability, greedy) pairs; unknown model_args are refused by name."""
     pytest.importorskip("bitsandbytes")
     (tmp_path / "direct.py").write_text(PLUGIN_DIRECT)
-    run = subprocess.run([lmms_python, "direct.py", tiny_model_dir], cwd=tmp_path, capture_output=True, text=True)
+    run = subprocess.run([lmms_python, "direct.py", tiny_model_dir], cwd=tmp_path, capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert "unknown model_args ['bogus']" in out["refused"]
@@ -336,7 +338,7 @@ def test_plugin_and_runner_share_the_rules(lmms_python, tiny_model_dir, tmp_path
     (tmp_path / "rows.json").write_text(json.dumps({"synthetic": synthetic, "mmlu": eval_fixtures.mmlu_rows()[:3]}))
     (tmp_path / "shared.py").write_text(SHARED_RULES)
     run = subprocess.run([lmms_python, "shared.py", tiny_model_dir, "rows.json", str(tmp_path)], cwd=tmp_path,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
 

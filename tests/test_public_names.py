@@ -135,7 +135,9 @@ def machine_paths(folder: Path) -> list[str]:
     """What must appear in no record: the test's temporary folders, the home folder, the datasets cache."""
     found = {str(folder.parent), str(folder.parent.parent), tempfile.gettempdir(), os.path.expanduser("~"),
              os.path.dirname(default_cache_dir("prepared"))}
-    return sorted(found | {os.path.realpath(p) for p in found}, key=len, reverse=True)
+    found |= {os.path.realpath(p) for p in found}
+    # a home folder that is the root (HOME=/, as in some containers) names no machine: every path starts with it
+    return sorted((p for p in found if p.strip(os.sep)), key=len, reverse=True)
 
 
 def named_paths(data: bytes, needles: list[str]) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 from llava_normaligned.trainer.arguments import accumulation_steps, parse_train_args, recipe_names
 from llava_normaligned.trainer.train import SUMMARY_FILE, main
+from processes import console_script
 from test_train_support import write_llava_dataset
 
 FAST = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
@@ -122,14 +122,14 @@ def test_trl_sft_cli_fine_tunes_a_saved_checkpoint_folder(tiny_model_dir, data, 
     parquet.mkdir()
     load_llava_json(path, images).to_parquet(str(parquet / "train.parquet"))
     out = tmp_path / "trl_out"
-    trl = shutil.which("trl") or os.path.join(os.path.dirname(sys.executable), "trl")
+    trl = console_script("trl")  # TRL's, installed with this interpreter: not another found first on PATH
     proc = subprocess.run(
         [trl, "sft", "--model_name_or_path", tiny_model_dir, "--dataset_name", str(parquet),
          "--trust_remote_code", "True", "--output_dir", str(out), "--max_steps", "2",
          "--per_device_train_batch_size", "2", "--use_cpu", "True", "--bf16", "False",
          "--gradient_checkpointing", "False", "--report_to", "none", "--save_strategy", "no"],
         capture_output=True, text=True, timeout=600, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"),
-        check=False,
+        check=False, stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(out / "config.json") as handle:
@@ -162,7 +162,7 @@ def test_train_cli_reports_what_trains_on_its_console(tiny_model_dir, data, tmp_
         [sys.executable, "-m", "llava_normaligned.cli", "train", "--stage", "1", "--model", tiny_model_dir,
          "--data-path", path, "--image-folder", images, "--output-dir", str(tmp_path / "out"), *FAST],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"),
-        check=False,
+        check=False, stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for text in ("stage 1: what trains", "projector: trains", "llm: frozen", "optimizer group projector",

@@ -64,7 +64,7 @@ def _torchrun(script_text: str, tmp_path, *args) -> list[dict]:
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script), *args, str(out)]
     # its own process group, so that a hang is cleaned up whole (the launcher and both ranks)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, stdin=subprocess.DEVNULL)
     try:
         output, _ = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:

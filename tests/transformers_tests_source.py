@@ -56,11 +56,12 @@ def cache_root() -> Path:
 
 def _pip_download(version: str, into: Path, isolated: bool) -> tuple[list[str], subprocess.CompletedProcess]:
     command = [sys.executable, "-m", "pip", "download", f"transformers=={version}", "--no-deps", "--no-binary",
-               ":all:", "--disable-pip-version-check", "-q", "-d", str(into)]
+               ":all:", "--disable-pip-version-check", "--no-input", "-q", "-d", str(into)]
     if not isolated:  # pip reads the sdist's metadata with the setuptools installed here: seconds, not a minute
         command.insert(-2, "--no-build-isolation")
     try:
-        return command, subprocess.run(command, capture_output=True, text=True, timeout=600)
+        return command, subprocess.run(command, capture_output=True, text=True, timeout=600,
+                                       stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise CommonTestsUnavailable(
             f"fetching the transformers {version} sdist (for its common model tests) took over 600 s: "

@@ -37,6 +37,7 @@ from llava_normaligned.console import (
     SEED,
     BadInput,
     NumberRule,
+    OneLineUsageErrors,
     check_input_file,
     check_input_folder,
     check_numbers,
@@ -318,8 +319,12 @@ def _describe_negations(parser) -> None:
             action.help = f"turn --{action.dest} off (the same as --{action.dest} False)"
 
 
+class TrainParser(OneLineUsageErrors, TrlParser):
+    """TRL's parser (every SFTConfig and ModelConfig flag, ``--config`` recipes) with one-line usage errors."""
+
+
 def make_parser() -> TrlParser:
-    parser = TrlParser(
+    parser = TrainParser(
         DATACLASSES,
         formatter_class=HelpFormatter,
         prog="llava-normaligned train",

@@ -32,14 +32,23 @@ no host sync until a log); the gain's gradient is read once per logging step, be
 end (and at every checkpoint) the records are rebuilt from ``state.log_history`` and written as
 ``norm_tracking.json`` (a JSON list of records ``{"step", "epoch", <metric>: value}``; record step 0 holds the
 values before any update). A resumed run therefore keeps the history of the interrupted one.
+
+Also here: ``SigtermCheckpoint``, what ``train`` does when a scheduler sends SIGTERM before it preempts the job
+(SLURM, Kubernetes): a checkpoint at the end of the optimizer step, then exit code 143.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
+import multiprocessing
 import os
+import signal
+import threading
 
+import torch
 from transformers import TrainerCallback
 
 from llava_normaligned.families.anatomy import anatomy_of, projector_norm_of, projector_of
@@ -90,6 +99,9 @@ class NormTrackingCallback(TrainerCallback):
         self._text_norm_cache = None
         self._initial = None
         self._initial_text_norm = None
+        # False: ``on_train_end`` writes no norm_tracking.json in the output folder (a run SIGTERM stopped: its
+        # checkpoint holds the records, and the folder must not look like a finished run's; ``SigtermCheckpoint``)
+        self.write_at_end = True
 
     @classmethod
     def install(cls, trainer, output_dir: str | None = None, update_sizes: bool = True) -> NormTrackingCallback:
@@ -195,7 +207,7 @@ class NormTrackingCallback(TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and self.write_at_end:
             write_norm_tracking(norm_records(state.log_history), self.output_dir or args.output_dir)
 
 
@@ -222,9 +234,168 @@ def write_norm_tracking(records: list[dict], folder: str) -> str:
     return write_json_atomic(path, records, indent=1)
 
 
+# ------------------------------------------------------------------------------------------- SIGTERM (preemption)
+
+
+class Terminated(BaseException):
+    """SIGTERM stopped the run (``SigtermCheckpoint``). Before training's loop the signal handler raises it where the
+    main thread is (loading, data preparation: the run is abandoned, as Ctrl-C's ``KeyboardInterrupt`` does); in the
+    loop ``run_stage`` raises it once the Trainer has saved the checkpoint of the step SIGTERM arrived in, instead of
+    saving the final model. A ``BaseException``, as ``KeyboardInterrupt``: an ``except Exception`` on the way does
+    not swallow it. ``checkpoint``: the folder of that checkpoint (None before the loop)."""
+
+    def __init__(self, checkpoint: str | None = None):
+        super().__init__("terminated (SIGTERM)" if checkpoint is None else f"terminated (SIGTERM); saved {checkpoint}")
+        self.checkpoint = checkpoint
+
+
+class SigtermCheckpoint(TrainerCallback):
+    """SIGTERM, which SLURM and Kubernetes send before they preempt a job, ends a run the way Ctrl-C does before
+    training's loop, and with a normal checkpoint once it runs.
+
+    ``with callback.handling():`` installs the SIGTERM handler (in the main thread only: ``signal.signal`` cannot be
+    called from another; elsewhere nothing is installed) and puts the previous handler back at the end of the block.
+    The callback goes to the Trainer (``train_stage(..., callbacks=[callback])``; ``train`` does both).
+
+    * Before ``on_train_begin`` (loading, data preparation, the Trainer's set-up): the handler raises ``Terminated``
+      in the main thread, so the caller cleans up as for Ctrl-C (``train``: the output folder it created goes unless
+      it holds a checkpoint; one line, exit code 143).
+    * From ``on_train_begin`` on, the handler only sets a flag; nothing is interrupted mid-operation. At the end of
+      the optimizer step then running, ``on_step_end`` sets ``control.should_save`` (the Trainer's own checkpoint,
+      through its public save path: model, optimizer, scheduler, RNG states, ``trainer_state.json``, the
+      norm-tracking records), ``control.should_log`` (the losses since the last log are kept in that checkpoint's
+      history) and ``control.should_training_stop``. ``stopped_at`` is then that step, and ``run_stage`` raises
+      ``Terminated(checkpoint)`` instead of saving the final model and ``training_summary.json`` as a finished run
+      does; the callbacks given to ``hold_back`` (the norm tracking) write no end-of-run file either. A SIGTERM that
+      arrives after the last step's ``on_step_end`` lets the run finish and save as usual. A second SIGTERM changes
+      nothing: the scheduler's SIGKILL follows at the end of its grace period, so that period must cover one
+      optimizer step and one checkpoint (Kubernetes ``terminationGracePeriodSeconds``, SLURM ``GraceTime`` for
+      preemption or ``--signal=TERM@SECONDS`` before a time limit; ``torchrun`` forwards SIGTERM to its workers and
+      kills them after ``--shutdown-timeout``, 30 s by default).
+    * Under ``torch.distributed`` (DDP over gloo or NCCL, DeepSpeed, FSDP) every rank must stop at the same step (the
+      checkpoint is a collective save; a rank that went on would wait for the others forever), and a scheduler may
+      signal some ranks or signal them at different moments: ``on_step_end`` all-reduces the flag (max) on every
+      step, one 4-byte all-reduce, so all ranks agree to stop at the first step any of them was signalled in.
+    * DataLoader workers (``--dataloader_num_workers``) keep serving batches through a SIGTERM while training runs:
+      torch's own worker handler dies of it, and the main process then fails ("DataLoader worker ... is killed by
+      signal: Terminated") before the step ends, and SIGTERM does reach the workers where the signal goes to a
+      process group (``torchrun`` signals each rank's group; SLURM signals every process of a job step). So
+      ``on_train_begin`` wraps the loader's ``worker_init_fn`` (``_serve_through_sigterm``): a worker ignores SIGTERM
+      until training ends (the main process then shuts its workers down as usual), and exits on one after that. A
+      forked child that kept this handler (a data-preparation worker, ``--dataset_num_proc``) dies of SIGTERM as it
+      would without it.
+
+    Why not transformers' own ``TrainingArguments.enable_jit_checkpoint`` (``trainer_jit_checkpoint.py``, the same
+    file in transformers 5.18, 5.24 and 5.25, so not a 5.25 novelty): its handler starts a 3 s timer before it asks
+    for a checkpoint (to tell SIGTERM from a SIGKILL that follows at once: 3 s of the grace period lost); the first
+    callback event after that saves through the Trainer's private ``_save_checkpoint``, mostly from
+    ``on_pre_optimizer_step``, in the middle of a step (the weights of step N saved with the RNG state of step N+1's
+    forward), and the loop then still runs that step's optimizer update and ends normally, so ``run_stage`` would
+    write the final model and summary as if the run had finished; its handler is installed when the Trainer is
+    built, after loading and data preparation, so a SIGTERM there has no clean-up; and it leaves the one-line report
+    and the exit code to the caller. ``train`` (and ``train_stage``) therefore refuse ``enable_jit_checkpoint``
+    (bad input, one line naming the flag) rather than run two SIGTERM handlers against each other.
+    """
+
+    def __init__(self):
+        self.requested = False  # SIGTERM arrived
+        self.training_started = False  # on_train_begin was reached: from here on the handler only sets the flag
+        self.stopped_at: int | None = None  # the step whose end saved the checkpoint and stopped the run
+        self._held_back: list = []
+        self._pid = None  # the process that installed the handler
+        self._release_workers = None  # shared with the DataLoader workers: 1 once they may die of SIGTERM
+
+    def hold_back(self, *callbacks) -> None:
+        """Callbacks (``NormTrackingCallback``) whose end-of-run file is not written when SIGTERM stopped the run."""
+        self._held_back.extend(callbacks)
+
+    @contextlib.contextmanager
+    def handling(self):
+        """Install the SIGTERM handler for the ``with`` block (main thread only), then restore the previous one."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        self._pid = os.getpid()
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self._let_workers_go()
+            self._pid = None
+
+    def _on_sigterm(self, signum, frame) -> None:
+        # no logging here: the main thread may be inside a logging call
+        if os.getpid() != self._pid:  # a forked child (a data-preparation worker): SIGTERM's default, no traceback
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.requested = True
+        if not self.training_started:
+            raise Terminated()
+
+    def _agreed(self, args) -> bool:
+        """The flag, the same on every rank: the max over the ranks under ``torch.distributed``."""
+        stop = self.requested
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([int(stop)], dtype=torch.int32, device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
+    def _let_workers_go(self) -> None:
+        if self._release_workers is not None:
+            self._release_workers.value = 1
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self.training_started = True
+        if self._pid is None or not getattr(train_dataloader, "num_workers", 0):
+            return  # no handler installed (SIGTERM ends the run anyway), or no workers
+        if self._release_workers is None:
+            self._release_workers = multiprocessing.RawValue("b", 0)
+        self._release_workers.value = 0
+        loader = train_dataloader
+        while hasattr(loader, "base_dataloader"):  # accelerate's DataLoaderShard / Dispatcher wrap the torch loader
+            loader = loader.base_dataloader
+        init_fn = loader.worker_init_fn
+        if not (isinstance(init_fn, functools.partial) and init_fn.func is _serve_through_sigterm):
+            loader.worker_init_fn = functools.partial(_serve_through_sigterm, self._release_workers, init_fn)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._let_workers_go()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stopped_at is not None or not self._agreed(args):
+            return
+        self.stopped_at = state.global_step
+        control.should_save = True
+        control.should_log = True
+        control.should_training_stop = True
+        for callback in self._held_back:
+            callback.write_at_end = False
+        if state.is_world_process_zero:
+            logger.warning("SIGTERM: saving checkpoint-%d at the end of this step, then stopping", state.global_step)
+
+
+def _serve_through_sigterm(release, init_fn, worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn`` while ``SigtermCheckpoint`` runs (after torch set its own signal
+    handlers): SIGTERM is ignored until ``release`` (shared memory) is 1, then ends the worker quietly, as torch's
+    handler does for its parent's SIGTERM. Then the loader's own ``init_fn``."""
+
+    def on_sigterm(signum, frame):
+        if release.value:
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if init_fn is not None:
+        init_fn(worker_id)
+
+
 __all__ = [
     "NORM_TRACKING_FILE",
     "NormTrackingCallback",
+    "SigtermCheckpoint",
+    "Terminated",
     "norm_records",
     "will_log",
     "write_norm_tracking",

@@ -15,7 +15,8 @@ inputs, before any training: the chat template (``args.chat_template_path``), th
 machine in a multi-process run), the answer-only collator (``collator.py``), the per-part learning rates and the
 norm-tracking callback (``callbacks.py``). ``run_stage`` runs ``trainer.train()`` (resuming if asked; vision compute
 that LLaVA never reads skipped, ``unused_compute.py``) and saves the final model, processor,
-``training_summary.json`` and ``norm_tracking.json`` in ``args.output_dir``.
+``training_summary.json`` and ``norm_tracking.json`` in ``args.output_dir``; a run that SIGTERM stopped
+(``callbacks.SigtermCheckpoint``, which ``train`` installs) keeps its last checkpoint and saves nothing as finished.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig, SFTTrainer
 
 from llava_normaligned.compat import TrainerHooks
+from llava_normaligned.console import BadInput
 from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.io import write_json_atomic
 from llava_normaligned.loading import LoadOptions
@@ -50,7 +53,7 @@ from .arguments import (
     read_train_args,
     setup_environment,
 )
-from .callbacks import NormTrackingCallback, norm_records, will_log
+from .callbacks import NormTrackingCallback, SigtermCheckpoint, Terminated, norm_records, will_log
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .engines import (
     cpu_training_threads,
@@ -235,6 +238,18 @@ def _check_args(args: SFTConfig) -> None:
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and not os.path.isdir(resume):
         raise FileNotFoundError(f"resume_from_checkpoint: no such checkpoint folder: {resume}")
+    _refuse_jit_checkpoint(args)
+
+
+def _refuse_jit_checkpoint(args) -> None:
+    """transformers' SIGTERM checkpoint (``enable_jit_checkpoint``) is not combined with this pipeline's
+    (``callbacks.SigtermCheckpoint``, whose docstring says why)."""
+    if getattr(args, "enable_jit_checkpoint", False):
+        raise BadInput(
+            "--enable_jit_checkpoint: transformers' SIGTERM checkpoint is saved mid-step and the run then ends as if "
+            "it had finished; train saves a checkpoint on SIGTERM itself, at the end of the optimizer step, and exits "
+            "143 (docs/training.md, Preemption): leave the flag unset"
+        )
 
 
 def check_trainable_processor(processor, model) -> None:
@@ -536,17 +551,29 @@ def prepare_stage(
     if peft_config is not None:
         freeze = freeze_for_stage(trainer.model, stage, train_vision=config.train_vision)  # within PEFT's choice
         _projector_in_vision_dtype(trainer.model)
-    NormTrackingCallback.install(trainer)
+    norm_tracking = NormTrackingCallback.install(trainer)
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, SigtermCheckpoint):  # a run SIGTERM stopped writes no end-of-run records
+            callback.hold_back(norm_tracking)
     return PreparedStage(trainer=trainer, config=config, freeze=freeze, prepare_report=prepare_report,
                          data_report=data_report, peft_config=peft_config, run_info=run_info)
 
 
 def run_stage(prepared: PreparedStage) -> TrainStageResult:
-    """Train a prepared stage and save the model, processor, ``training_summary.json`` and ``norm_tracking.json``."""
+    """Train a prepared stage and save the model, processor, ``training_summary.json`` and ``norm_tracking.json``.
+
+    When a ``SigtermCheckpoint`` among the Trainer's callbacks stopped the run (SIGTERM), the Trainer has saved the
+    checkpoint of the last step; nothing is saved as if the run had finished (no final model, no summary) and
+    ``callbacks.Terminated`` is raised, naming that checkpoint, on every process."""
     trainer, args = prepared.trainer, prepared.trainer.args
     with skip_unused_vision_compute(trainer.model, enabled=prepared.config.skip_unused_vision), \
             packed_attention(trainer.model, enabled=getattr(trainer.data_collator, "padding_free", False)):
         train_output = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    stopped = next((c.stopped_at for c in trainer.callback_handler.callbacks
+                    if isinstance(c, SigtermCheckpoint) and c.stopped_at is not None), None)
+    if stopped is not None:  # every rank stopped at this step (SigtermCheckpoint agrees on it)
+        trainer.accelerator.wait_for_everyone()
+        raise Terminated(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{stopped}"))
     metrics = dict(train_output.metrics)
     # rows whose image failed to decode (skip policy), counted on every rank
     skipped = torch.tensor(trainer.skipped_rows, device=trainer.args.device)
@@ -674,14 +701,16 @@ def _cpu_threads(sft_args: SFTConfig) -> None:
     logger.info("training on the CPU with %s (OMP_NUM_THREADS=N sets it)", why)
 
 
-def _interrupted(output) -> str:
-    """The line reporting a run stopped by Ctrl-C: what was kept, and how to continue."""
+def _stopped(output, how: str, checkpoint: str | None = None) -> str:
+    """The line reporting a run stopped by Ctrl-C or SIGTERM (``how``): what was kept, and how to continue (from
+    ``checkpoint``, the one the stop saved, else the folder's last)."""
     from transformers.trainer_utils import get_last_checkpoint
 
-    last = get_last_checkpoint(output.path) if os.path.isdir(output.path) else None
+    last = checkpoint if checkpoint is not None and os.path.isdir(checkpoint) else \
+        get_last_checkpoint(output.path) if os.path.isdir(output.path) else None
     if last is not None:
-        return f"interrupted (Ctrl-C); {output.path} is kept: continue with --resume_from_checkpoint {last}"
-    return f"interrupted (Ctrl-C) before the first checkpoint; {output.describe()}"
+        return f"{how}; {output.path} is kept: continue with --resume_from_checkpoint {last}"
+    return f"{how} before the first checkpoint; {output.describe()}"
 
 
 def _redacted(value):
@@ -694,9 +723,11 @@ def _redacted(value):
 def main(argv: list[str] | None = None) -> int:
     """``llava-normaligned train``: parse and check every argument, load, prepare (errors up to here are bad input:
     one line, exit code 2), then train one stage and save (errors there are raised with their traceback). When the
-    run fails or is stopped (Ctrl-C: one line, exit code 130) before it saved anything, the output folder is removed
-    if this run created it. Returns the exit code."""
-    from llava_normaligned.console import INTERRUPTED, fail, removed_unless_kept
+    run fails or is stopped (Ctrl-C: one line, exit code 130; SIGTERM before training's loop: one line, exit code
+    143) before it saved anything, the output folder is removed if this run created it. SIGTERM once training runs:
+    a checkpoint at the end of the optimizer step, no final model, one line naming the checkpoint to resume from,
+    exit code 143 (``callbacks.SigtermCheckpoint``). Returns the exit code."""
+    from llava_normaligned.console import INTERRUPTED, TERMINATED, arguments_accepted, fail, removed_unless_kept
 
     from .data import DataError
     from .lora import merge_adapter, stage2_lora_config
@@ -710,16 +741,22 @@ def main(argv: list[str] | None = None) -> int:
         request = read_train_args(argv)  # parse
         setup_environment(request.environment)  # the recipes' env: keys, logged; before the devices are read
         config = build_train_config(request)  # validate, derive: once; only read from here on
+        _refuse_jit_checkpoint(config.sft_args)
         check_train_inputs(config.stage_args, config.sft_args, config.model_args)
     except bad_input as err:
         return fail("train", err)
+    arguments_accepted()  # what the libraries said meanwhile is shown from here on
     stage_args, sft_args, model_args = config.stage_args, config.sft_args, config.model_args
     # one process removes what a failed or stopped run left (a folder it created, holding no checkpoint)
     main_process = int(os.environ.get("RANK", "0")) == 0
     prepared = None
+    # SIGTERM (a scheduler's preemption): before training's loop as Ctrl-C, in it a checkpoint at the step's end; the
+    # previous handler is back once training and its saving are over
+    sigterm = SigtermCheckpoint()
     try:
         with removed_unless_kept(sft_args.output_dir,
-                                 keep=lambda folder: not main_process or bool(earlier_run(folder))) as output:
+                                 keep=lambda folder: not main_process or bool(earlier_run(folder))) as output, \
+                sigterm.handling():
             _configure_logging(sft_args)
             _cpu_threads(sft_args)
             logger.info("configuration: %s", json.dumps(_redacted(config.describe()), default=str))
@@ -729,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
                                              family=anatomy_of(model).family) if model_args.use_peft else None
             prepared = prepare_stage(
                 model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
-                data_report=data_report,
+                data_report=data_report, callbacks=[sigterm],
                 run_info={"config_files": list(config.config_files), "argv": list(sys.argv[1:] if argv is None else argv),
                           "model": public_name(stage_args.model) if stage_args.model else
                           f"{public_name(stage_args.vision_model)} + {public_name(stage_args.text_model)}"},
@@ -749,7 +786,11 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("train failed", exc_info=True)
         return fail("train", err, details=True)  # a data or template error lists the rows at fault
     except KeyboardInterrupt:
-        return fail("train", _interrupted(output), code=INTERRUPTED)
+        return fail("train", _stopped(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)
+    except Terminated as stopped:
+        return fail("train", _stopped(output, "terminated (SIGTERM)", stopped.checkpoint), code=TERMINATED)
+    if sigterm.requested:  # after the last step's end: the run finished and saved as usual
+        logger.warning("SIGTERM arrived after the last optimizer step: the run finished and saved its final model")
     if result.trainer.is_world_process_zero():
         end = result.norm_tracking[-1] if result.norm_tracking else {}
         print(f"stage {stage_args.stage} done: {result.output_dir} (train_loss "

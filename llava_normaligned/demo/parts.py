@@ -7,6 +7,10 @@
 Every variant starts from the same weights: the same vision encoder and LLM (``parts``) and the same projector draw
 (seeded); only the projector norm differs (paper Tables 4/5).
 
+With ``PartsConfig.text_model`` (``demo --text-model``) the LLM is a real pretrained one instead (``real_llm``: the
+offline SmolLM2-135M-Instruct, a folder or a Hub id), saved as it is to ``parts/text`` with its own tokenizer and
+chat template; it is not pre-trained on the demo's text, and T is its own embeddings' norm (3.20 for SmolLM2).
+
 Why the norm gap is there at the LLM input (the paper's RQ1), at CPU scale:
 
 * The vision encoder is pre-trained on the synthetic images (``vision_pretrain``), and LLaVA reads its last hidden
@@ -100,20 +104,28 @@ EXTRA_VARIANTS = (
 
 @dataclass
 class PartsConfig:
-    """The tiny vision encoder and LLM, and how each is pre-trained."""
+    """The tiny vision encoder and LLM, and how each is pre-trained. ``text_model``: a real pretrained LLM instead
+    of the tiny one (``real_llm``; ``text`` and ``text_pretrain`` are then None)."""
 
     vision: TinyVisionSpec = field(default_factory=lambda: TinyVisionSpec(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=32,
         patch_size=8))
-    text: TinyTextSpec = field(default_factory=lambda: TinyTextSpec(
+    text: TinyTextSpec | None = field(default_factory=lambda: TinyTextSpec(
         hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2))
     vision_pretrain: VisionPretrainConfig = field(default_factory=VisionPretrainConfig)
     text_pretrain: TextPretrainConfig | None = field(default_factory=TextPretrainConfig)
     jitter: int = 1
     seed: int = 0
+    text_model: str | None = None  # as given to --text-model
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return parts_dict(asdict(self))
+
+
+def parts_dict(data: dict) -> dict:
+    """A ``PartsConfig`` as recorded (``parts.json``, ``demo_config.json``): ``text_model`` only when there is one,
+    so the tiny demo's records stay what they were."""
+    return {k: v for k, v in data.items() if not (k == "text_model" and v is None)}
 
 
 @dataclass
@@ -158,6 +170,8 @@ def _build(root: str, config: PartsConfig, wanted: dict, progress: bool) -> dict
     vision = pretrain_vision(config.vision, config.vision_pretrain, jitter=config.jitter, progress=progress)
     vision.model.save_pretrained(os.path.join(root, "vision"))
     vision.image_processor.save_pretrained(os.path.join(root, "vision"))
+    if config.text_model is not None:
+        return _with_real_llm(root, config, wanted, vision)
 
     # The LM's own tokenizer does not know <image>: compose adds it, as it would for Llama or Qwen.
     words = list(synthetic.VOCABULARY) + list(EXTRA_WORDS)
@@ -186,6 +200,26 @@ def _build(root: str, config: PartsConfig, wanted: dict, progress: bool) -> dict
     return info
 
 
+def _with_real_llm(root: str, config: PartsConfig, wanted: dict, vision) -> dict:
+    """``parts/text``: the real LLM as a plain transformers folder (no text pre-training: it knows the language)."""
+    from .real_llm import resolve_text_model, save_text_model
+
+    llm = save_text_model(resolve_text_model(config.text_model), os.path.join(root, "text"))
+    info = {
+        "config": wanted,
+        "vision_pretrain": {"cell_accuracy_held_out": vision.cell_accuracy, "seconds": vision.seconds,
+                            "final_loss": vision.losses[-1]},
+        "text_pretrain": None,
+        "llm": {k: v for k, v in llm.items() if k != "text_embedding_norm"},
+        "vision_feature_norm": {"before_pretraining": vision.feature_norm_before,
+                                "after_pretraining": vision.feature_norm_after},
+        "text_embedding_norm": llm["text_embedding_norm"],  # T, paper §5.1: the real embeddings' mean norm
+    }
+    with open(os.path.join(root, PARTS_FILE), "w", encoding="utf-8") as handle:
+        json.dump(info, handle, indent=1)
+    return info
+
+
 # ------------------------------------------------------------------------------------------------ composing
 
 
@@ -208,6 +242,11 @@ def compose_variant(parts: Parts, variant: Variant, seed: int = 0):
     model, processor = compose(parts.vision_dir, parts.text_dir, vision_feature_layer=-1, seed=seed,
                                norm_variant=variant.norm)
     draw_projector(model, seed)
+    llm = parts.info.get("llm")
+    if llm:  # a real LLM: the composed model names it as its text part (the model card's base model)
+        from llava_normaligned.public_names import public_name
+
+        model.config.text_config._name_or_path = public_name(llm["origin"])
     return model, processor
 
 

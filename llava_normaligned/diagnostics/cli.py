@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llava_normaligned.console import BadInput, check_numbers, check_output_folder, fail
+from llava_normaligned.console import (
+    BadInput,
+    CommandParser,
+    arguments_accepted,
+    check_numbers,
+    check_output_folder,
+    fail,
+)
 from llava_normaligned.loading import LoadOptions, add_load_flags
 
 from .config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
@@ -19,7 +26,7 @@ def _alphas(text: str) -> tuple[float, ...]:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned diagnose",
         description="Norm-gap diagnostics of a LLaVA-style model: the paper's probes (arXiv 2512.08374, §4, "
         "Appendix C) and the blog post's inference-time experiments. Writes diagnostics.json, CSV tables, PNG "
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         from .runner import diagnose
 
+        arguments_accepted()
         document, written = diagnose(config)
     except (DiagnosticsError, BadInput, ImportError, OSError) as err:  # OSError: a folder it cannot write, ...
         return fail("diagnose", err, details=True)

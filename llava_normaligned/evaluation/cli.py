@@ -22,7 +22,9 @@ import sys
 from llava_normaligned.console import (
     POSITIVE_COUNT,
     BadInput,
+    CommandParser,
     NumberRule,
+    arguments_accepted,
     check_input_file,
     check_input_folder,
     check_numbers,
@@ -38,7 +40,7 @@ from .tasks import TASKS, UnknownTaskError
 
 
 def make_eval_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned eval",
         description="Score a model on the benchmarks of the paper's Table 4 (and the demo's synthetic task).",
     )
@@ -154,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         baseline = load_baseline(cfg.baseline) if cfg.baseline else None
+        arguments_accepted()
         if args.engine == "lmms-eval":
             from .lmms_engine import evaluate_with_lmms
 

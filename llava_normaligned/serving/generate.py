@@ -19,6 +19,8 @@ from llava_normaligned.console import (
     NON_NEGATIVE,
     POSITIVE_COUNT,
     BadInput,
+    CommandParser,
+    arguments_accepted,
     check_input_file,
     check_numbers,
     check_output_file,
@@ -32,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="llava-normaligned generate",
         description="Answer a prompt about images (streamed), or a JSONL file of prompts in batches, with a local "
         "folder or Hub repo, in full precision or 4/8-bit (bitsandbytes).",
@@ -287,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         resume = _check_arguments(args)
     except (SourceNotFound, BadInput) as error:
         return fail("generate", error)
+    arguments_accepted()
     try:
         model, processor, report = options.load(return_report=True)
     except SourceNotFound as error:  # a model that is not there: bad input, exit 2
