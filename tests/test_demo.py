@@ -176,6 +176,20 @@ def test_the_readme_and_docs_quote_the_committed_run():
     assert asset["finding"] == json.loads(json.dumps(report.gwc_finding(committed["rows"], committed["contrasts"])))
 
 
+def test_the_tiny_demo_s_settings_are_recorded_as_before_the_real_llm_options():
+    """``--text-model`` and ``--rows`` add fields to the demo's settings; unset, they are not recorded, so the default
+    run's ``demo_config.json`` is the committed run's and a folder written before them is still reused."""
+    from pathlib import Path
+
+    from llava_normaligned.demo.run import ROW_KEYS, DemoConfig, config_from_dict
+
+    root = Path(__file__).resolve().parent.parent
+    committed = json.loads((root / "benchmarks" / "results" / "demo_results.json").read_text())
+    assert DemoConfig.full().to_dict() == committed["setup"]["config"]
+    assert config_from_dict(committed["setup"]["config"]) == DemoConfig.full()
+    assert DemoConfig.full().row_keys == ROW_KEYS == tuple(v.key for v in VARIANTS + EXTRA_VARIANTS) + ("stock",)
+
+
 def test_per_layer_norms_and_directions_after_stage_2(quick_demo, results):
     layers = results["setup"]["config"]["parts"]["text"]["num_hidden_layers"]
     for row in results["rows"]:

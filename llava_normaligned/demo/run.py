@@ -8,7 +8,10 @@ Nothing is downloaded. In order:
 1. ``data/``: the synthetic visual-question dataset (``synthetic.py``): captions for stage 1, questions for stage 2,
    a held-out test split; answers balanced within every question, so the text alone scores chance.
 2. ``parts/``: a tiny vision encoder and a tiny LLM, each pre-trained for seconds (``parts.py``), so that a
-   LLaVA built from them can learn to see in the minutes the demo has.
+   LLaVA built from them can learn to see in the minutes the demo has. With ``--text-model`` the LLM is a real
+   pretrained one instead (``real_llm.py``: the offline SmolLM2-135M-Instruct, a folder or a Hub id), used as it is
+   with its own tokenizer and chat template, and trained in bf16 autocast where the CPU has bf16 matrix
+   instructions; its rows by default are the paper's four and the stock row (``--rows`` picks any).
 3. ``runs/<variant>/seed<k>/``: for each of the paper's four variants (w/o Norm; norm with default init; norm with
    target init, without and with GWC), for GWC with per-part clipping (``StageConfig.clip_per_part``), for target
    init without and with GWC trained without gradient clipping, and for each seed (``num_seeds``, default 3): both
@@ -65,7 +68,7 @@ from .parts import (
     parts_dict,
     stock_llava,
 )
-from .real_llm import INSTALL, OFFLINE_SMOLLM2
+from .real_llm import INSTALL, OFFLINE_SMOLLM2, TextModelError
 from .scoring import load_test_rows, score_model
 from .text_pretrain import TextPretrainConfig
 from .vision_pretrain import VisionPretrainConfig
@@ -173,11 +176,11 @@ class DemoConfig:
 
 OPTIONAL_FIELDS = ("rows", "compute_dtype")
 # A real LLM's steps, rates and sizes (docs/demo.md, "A real pretrained LLM": how they were chosen).
-REAL_LLM_FULL = dict(batch_size=16, stage1_steps=30, stage2_steps=60, stage1_lr=1e-3, stage2_lr=1e-4,
-                     stage2_vision_lr=2e-5, logging_steps=10, eval_batch_size=64)
-REAL_LLM_QUICK = dict(batch_size=4, stage1_steps=2, stage2_steps=2, stage1_lr=1e-3, stage2_lr=1e-4,
-                      stage2_vision_lr=2e-5, logging_steps=1, probe_images=8, layer_probe_images=4,
-                      eval_batch_size=80)
+REAL_LLM_FULL = {"batch_size": 16, "stage1_steps": 20, "stage2_steps": 40, "stage1_lr": 1e-3, "stage2_lr": 1e-4,
+                 "stage2_vision_lr": 2e-5, "logging_steps": 5, "eval_batch_size": 64}
+REAL_LLM_QUICK = {"batch_size": 4, "stage1_steps": 2, "stage2_steps": 2, "stage1_lr": 1e-3, "stage2_lr": 1e-4,
+                  "stage2_vision_lr": 2e-5, "logging_steps": 1, "probe_images": 8, "layer_probe_images": 4,
+                  "eval_batch_size": 80}
 
 
 def config_from_dict(data: dict) -> DemoConfig:
@@ -972,9 +975,9 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     paths = prepare_folder(output_dir, config)
     with quiet_libraries(), torch_threads(config.threads):
         if config.real:
-            print(f"data and parts: the synthetic dataset, the vision encoder's pre-training, then {config.parts.text_model} "
-                  "saved as a transformers folder (each reused when the folder already holds it)", file=sys.stderr,
-                  flush=True)
+            print(f"data and parts: the synthetic dataset, the vision encoder's pre-training, then "
+                  f"{config.parts.text_model} saved as a transformers folder (each reused when the folder already "
+                  "holds it)", file=sys.stderr, flush=True)
         else:
             print("data and parts: the synthetic dataset, then the vision encoder's and the LLM's pre-training (each "
                   "reused when the folder already holds it)", file=sys.stderr, flush=True)
@@ -1167,7 +1170,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run_demo(args.output_dir, config, progress=progress, workers=args.workers,
                            best_model_variant=args.best_model_variant)
-    except FileExistsError as error:
+    except (FileExistsError, TextModelError) as error:
         return fail("demo", error, details=True)
     with open(os.path.join(args.output_dir, "results.md"), encoding="utf-8") as handle:
         print("\n" + handle.read())
