@@ -81,6 +81,7 @@ def test_every_row_is_trained_with_several_seeds_and_reported_with_intervals(qui
     assert ("norm_target_init_gwc_noclip", "norm_target_init_noclip") in contrasts
     env = results["environment"]
     assert env["torch"] and env["cpu_capability"] and env["torch_threads"] >= 1
+    assert env["cpu"] and set(env["cpu_bf16_flags"]) <= {"amx_bf16", "avx512_bf16"}  # which CPU the numbers came from
     assert env["cpu_capability"] in text
 
 

@@ -760,9 +760,12 @@ CONTRASTS = (
 
 def environment() -> dict:
     """What makes floats differ between machines."""
+    from llava_normaligned.trainer.engines import CPU_BF16_FLAGS, cpu_flags, cpu_model
+
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "machine": platform.machine(), "cpu_count": os.cpu_count()}
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "cpu": cpu_model(),
+            "cpu_bf16_flags": sorted(set(CPU_BF16_FLAGS) & cpu_flags())}
 
 
 # ------------------------------------------------------------------------------------------- best model
