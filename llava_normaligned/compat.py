@@ -72,10 +72,25 @@ HOOKS: dict[str, Hook] = {hook.name: hook for hook in (
          "which attention a config runs (padding-free training, diagnostics' eager attention); the config has no "
          "public getter",
          "test_attn_implementation_hook", "_probe_attn_implementation"),
+    Hook("callback_handler_order", "transformers", ">=5.18,<5.26", ("call_event",),
+         "a callback that adds values to the Trainer's logs must run before the reporting callbacks, which the Trainer "
+         "puts before every user callback; the handler delivering an event is found on the call stack (no event "
+         "passes it) and the callback moves itself to the front of its public ``callbacks`` list",
+         "test_callback_handler_order_hook", "_probe_callback_handler"),
     Hook("no_split_modules", "transformers", ">=5.18,<5.26", ("_no_split_modules",),
          "the layer classes a model says must not be split: the FSDP wrap classes when the config names none "
          "(accelerate falls back to the same list)",
          "test_no_split_modules_hook", "_probe_no_split_modules"),
+    Hook("compiled_module", "torch", ">=2.13,<2.14", ("_orig_mod",),
+         "the model inside a torch.compile wrapper (OptimizedModule), which has no public getter for it: the "
+         "families' anatomy reads the model's parts through every wrapper",
+         "test_compiled_module_hook", "_probe_compiled_module"),
+    Hook("init_weights", "transformers", ">=5.18,<5.26", (),
+         "compose initialises a new projector with the model's own per-module init (LLaVA's for the MLP), drawn "
+         "from a seed, without re-initialising the pretrained parts as initialize_weights would (``_init_weights`` "
+         "is not owned here: the model overrides it, transformers' protocol; called on a model from outside it, "
+         "tests/support/private_reaches.py finds it)",
+         "test_init_weights_hook", "_probe_init_weights"),
     Hook("deepspeed_op_off", "deepspeed", ">=0.19.8,<0.20", ("__compatible_ops__",),
          "DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce op (minutes) that only tensor-parallel "
          "layers call; a run without tensor parallelism marks it unavailable",
@@ -249,6 +264,53 @@ def _probe_trainer_resume() -> None:
              "no transformers.trainer.SCHEDULER_NAME")
 
 
+def callback_handler_delivering(callback):
+    """The transformers ``CallbackHandler`` whose ``call_event`` is delivering the current event to ``callback``
+    (found on the call stack: no event passes its handler), or None when ``callback`` was called some other way."""
+    import inspect
+
+    from transformers.trainer_callback import CallbackHandler
+
+    ensure("callback_handler_order")
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            if frame.f_code.co_name == "call_event":
+                handler = frame.f_locals.get("self")
+                if isinstance(handler, CallbackHandler) and any(c is callback for c in handler.callbacks):
+                    return handler
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
+
+
+def put_callback_first(callback) -> bool:
+    """Move ``callback`` to the front of the list of the handler delivering the current event, so that every later
+    event reaches it before the reporting callbacks. Safe in the middle of an event: ``call_event`` iterates over the
+    list itself, and moving an item from position k to 0 leaves every item after k where it was (so the ones after it
+    still get this event, once). Returns whether the handler was found."""
+    handler = callback_handler_delivering(callback)
+    if handler is None:
+        return False
+    callbacks = handler.callbacks
+    if callbacks[0] is not callback:
+        callbacks.insert(0, callbacks.pop(next(i for i, c in enumerate(callbacks) if c is callback)))
+    return True
+
+
+def _probe_callback_handler() -> None:
+    import inspect
+
+    from transformers.trainer_callback import CallbackHandler
+
+    source = inspect.getsource(CallbackHandler.call_event)
+    _require("for callback in self.callbacks:" in source,
+             "CallbackHandler.call_event no longer iterates over self.callbacks")
+    _require("self.call_event(" in inspect.getsource(CallbackHandler.on_log),
+             "CallbackHandler.on_log no longer delivers through call_event")
+
+
 def _probe_trainer_sampler() -> None:
     import inspect
 
@@ -302,6 +364,35 @@ def _probe_no_split_modules() -> None:
     from transformers import PreTrainedModel
 
     _require(hasattr(PreTrainedModel, "_no_split_modules"), "PreTrainedModel._no_split_modules is gone")
+
+
+def compiled_inner(model):
+    """The module a ``torch.compile`` wrapper runs, or None when ``model`` is not one."""
+    from torch import nn
+
+    ensure("compiled_module")
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else None
+
+
+def _probe_compiled_module() -> None:
+    import torch
+
+    wrapped = torch.compile(torch.nn.Linear(1, 1))
+    _require(isinstance(getattr(wrapped, "_orig_mod", None), torch.nn.Linear),
+             "a torch.compile wrapper no longer keeps its module as _orig_mod")
+
+
+def init_module_weights(model, module) -> None:
+    """Initialise ``module`` (a part of ``model``) as ``model``'s own init does, whatever was there."""
+    ensure("init_weights")
+    model._init_weights(module)
+
+
+def _probe_init_weights() -> None:
+    from transformers import PreTrainedModel
+
+    _require(callable(getattr(PreTrainedModel, "_init_weights", None)), "PreTrainedModel._init_weights is gone")
 
 
 # --------------------------------------------------------------------------------------------------- deepspeed
@@ -547,8 +638,8 @@ def _probe_vllm_llava() -> None:
 
 __all__ = [
     "HOOKS", "REPLACED", "CompatError", "DefaultsHelpFormatter", "Hook", "TrainerHooks", "attn_implementation",
-    "dataset_fingerprint", "dataset_indices", "dataset_over", "deepspeed_op_off", "ensure", "forwards_replaced",
-    "in_checked_range", "installed_version", "is_store_false", "keeps_pil_backend_steps", "move_to_group",
-    "no_split_modules", "parser_actions", "random_fingerprint", "record_distributed_type",
-    "vllm_llava_projector_built_as", "write_arrow_file",
+    "callback_handler_delivering", "dataset_fingerprint", "dataset_indices", "dataset_over", "deepspeed_op_off",
+    "ensure", "forwards_replaced", "in_checked_range", "installed_version", "is_store_false",
+    "keeps_pil_backend_steps", "move_to_group", "no_split_modules", "parser_actions", "put_callback_first",
+    "random_fingerprint", "record_distributed_type", "vllm_llava_projector_built_as", "write_arrow_file",
 ]

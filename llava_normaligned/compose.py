@@ -16,6 +16,7 @@ import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from .compat import init_module_weights
 from .console import (
     POSITIVE,
     CommandParser,
@@ -319,7 +320,7 @@ def compose_parts(
     torch.manual_seed(seed)
     for module in projector.modules():
         if module is not projector.norm:
-            model._init_weights(module)
+            init_module_weights(model, module)
     torch.random.set_rng_state(generator_state)
     projector.reset_norm()
     model.to(model_dtype)

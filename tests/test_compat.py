@@ -140,6 +140,22 @@ def test_no_split_modules_hook():
     assert compat.no_split_modules(torch.nn.Linear(1, 1)) == []
 
 
+def test_compiled_module_hook():
+    linear = torch.nn.Linear(1, 1)
+    assert compat.compiled_inner(torch.compile(linear)) is linear
+    assert compat.compiled_inner(linear) is None
+
+
+def test_init_weights_hook():
+    model = _tiny_llama()
+    layer = model.model.layers[0].mlp.down_proj
+    with torch.no_grad():
+        layer.weight.fill_(7.0)
+    compat.init_module_weights(model, layer)
+    std = model.config.initializer_range
+    assert layer.weight.abs().max() < 10 * std and layer.weight.std() > std / 2  # redrawn with the model's init
+
+
 # --------------------------------------------------------------------------------------------------- deepspeed
 
 

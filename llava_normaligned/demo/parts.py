@@ -246,7 +246,7 @@ def compose_variant(parts: Parts, variant: Variant, seed: int = 0):
     if llm:  # a real LLM: the composed model names it as its text part (the model card's base model)
         from llava_normaligned.public_names import public_name
 
-        model.config.text_config._name_or_path = public_name(llm["origin"])
+        model.config.text_config.name_or_path = public_name(llm["origin"])
     return model, processor
 
 

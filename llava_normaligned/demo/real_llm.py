@@ -109,7 +109,7 @@ def save_text_model(source: TextModelSource, folder: str) -> dict:
         config = model.config
     config.dtype = "float32"
     if source.origin:
-        config._name_or_path = source.origin
+        config.name_or_path = source.origin
     if not tokenizer.chat_template:
         raise TextModelError(f"--text-model {source.name}: its tokenizer has no chat template; the demo trains on chat "
                          "conversations with the LLM's own template (give an instruct model)")

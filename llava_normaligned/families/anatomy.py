@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING
 
+from llava_normaligned.compat import compiled_inner
+
 if TYPE_CHECKING:  # torch is imported where a live model is read, so the table costs nothing to import
     import torch
     from torch import nn
@@ -397,8 +399,8 @@ def unwrap(model: nn.Module) -> nn.Module:
     for _ in range(8):
         if hasattr(model, "get_base_model") and callable(model.get_base_model):
             model = model.get_base_model()
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+        elif compiled_inner(model) is not None:
+            model = compiled_inner(model)
         elif isinstance(getattr(model, "module", None), nn.Module) and not hasattr(model, "config"):
             model = model.module
         else:

@@ -1,0 +1,1 @@
+"""What the tests share: builders, checks and the layout's rules (no test lives here)."""
