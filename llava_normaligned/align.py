@@ -1,4 +1,5 @@
-"""``llava-normaligned align``: put the paper's aligned LayerNorm into a saved vision-language model of another family.
+"""Put the paper's aligned LayerNorm into a saved vision-language model of another family (the ``align`` command is
+``llava_normaligned.assembly.commands``).
 
 For a stock VLM (Hub id or folder) of a family ``families.anatomy`` knows, the norm-aligned LayerNorm (the model
 file's ``NormAlignedLayerNorm``: gain T / sqrt(D), Global Weight Compensation; Li et al., arXiv 2512.08374, §5.1)
@@ -17,16 +18,15 @@ config recording the family, the connector's path and T. See docs/align.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import tempfile
 
-from .console import POSITIVE, BadInput, CommandParser, arguments_accepted, check_number, check_output_folder, fail
+from .console import BadInput
 from .families.anatomy import Family, anatomy_of, family_of
-from .loading import add_trust_remote_code_flags, dtype_argument, load_config, load_model, looks_like_path
-from .norm_variant import NormVariant, add_norm_flags
+from .loading import load_config, load_model
+from .norm_variant import NormVariant
 
 # What the model file knows how to wrap (its STOCK_MODEL_TYPES); kept here so that --help and the refusals import
 # neither torch nor transformers. tests/test_align.py holds the two equal.
@@ -156,7 +156,7 @@ def align(
 # ---------------------------------------------------------------------------------------------------- writing
 
 
-def _processor_source(model_id: str, revision: str | None) -> str:
+def processor_source(model_id: str, revision: str | None) -> str:
     """A local folder holding ``model_id``'s processor files (the folder itself, or the Hub files downloaded)."""
     if os.path.isdir(model_id):
         return model_id
@@ -223,61 +223,5 @@ def save_aligned(model, output_dir: str, processor_source: str | None = None) ->
         raise
 
 
-# ----------------------------------------------------------------------------------------------------------- CLI
-
-
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="llava-normaligned align",
-        description="Put the paper's aligned LayerNorm (gain T/sqrt(D), GWC) into a saved vision-language model "
-        f"where its connector's output enters the LLM. Families: {supported()}. See docs/align.md.",
-    )
-    parser.add_argument("model", metavar="MODEL", help="Hub id or folder of the stock model")
-    parser.add_argument("--output-dir", required=True, help="new or empty folder to write the aligned model to")
-    parser.add_argument("--revision", default=None, help="branch, tag or commit of MODEL on the Hub (default: main)")
-    parser.add_argument("--dtype", type=dtype_argument, default=None,
-                        help="dtype to load and save in: bfloat16, float16, float32 (default: as stored)")
-    add_trust_remote_code_flags(parser)
-    add_norm_flags(parser)
-    return parser
-
-
-def _check_arguments(args) -> NormVariant:
-    check_number("--gradient-compensation-min", args.gradient_compensation_min, POSITIVE)
-    check_output_folder("--output-dir", args.output_dir, empty=True)
-    variant = NormVariant.from_args(args)
-    if variant.projector_norm is None:
-        raise BadInput("--projector-norm none: align inserts the norm; without it the stock model is the answer")
-    if looks_like_path(args.model) and not os.path.isdir(os.path.expanduser(args.model)):
-        raise BadInput(f"MODEL {args.model}: no such folder")
-    return variant
-
-
-def align_main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
-    try:
-        variant = _check_arguments(args)
-        arguments_accepted()
-        model = align(
-            args.model,
-            norm_init=variant.norm_init,
-            gradient_compensation=variant.gradient_compensation,
-            gradient_compensation_min=variant.gradient_compensation_min,
-            dtype=args.dtype,
-            revision=args.revision,
-            trust_remote_code=args.trust_remote_code,
-        )
-        source = _processor_source(args.model, args.revision)
-    except (OSError, ValueError) as error:  # BadInput, AlignError, AnatomyError: ValueErrors
-        return fail("align", error)
-    save_aligned(model, args.output_dir, source)
-    cfg = model.config
-    gain = float(model.get_aligned_norm().weight.detach().float().abs().mean())
-    print(f"wrote {args.output_dir}: family={cfg.norm_family} norm at {cfg.norm_connector} ({cfg.norm_entry}) "
-          f"T={cfg.norm_target:.4f} D={cfg.get_text_config().hidden_size} mean|gain|={gain:.5f} "
-          f"GWC={cfg.gradient_compensation}")
-    return 0
-
-
-__all__ = ["SUPPORTED_MODEL_TYPES", "AlignError", "align", "align_main", "alignable_family",
-           "copy_processor_files", "norm_target_of", "save_aligned", "wrap"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "AlignError", "align", "alignable_family",
+           "copy_processor_files", "norm_target_of", "processor_source", "save_aligned", "supported", "wrap"]

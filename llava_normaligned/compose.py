@@ -5,31 +5,22 @@
     llava-normaligned convert --from-llava llava-hf/llava-1.5-7b-hf --output-dir ./llava-1.5-7b-na
 
 Both write a folder that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` (and with
-``trust_remote_code=True`` where this package is not installed).
+``trust_remote_code=True`` where this package is not installed). The two commands are
+``llava_normaligned.assembly.commands``.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from .compat import init_module_weights
-from .console import (
-    POSITIVE,
-    CommandParser,
-    arguments_accepted,
-    check_number,
-    check_output_folder,
-    fail,
-    removed_unless_kept,
-)
 from .families.anatomy import anatomy_of
 from .families.tokens import IMAGE_TOKEN
-from .loading import TRUST_REMOTE_CODE_DEFAULT, add_trust_remote_code_flags, check_source, dtype_argument, parse_dtype
-from .norm_variant import NORM_FIELDS, NormVariant, add_norm_flags
+from .loading import TRUST_REMOTE_CODE_DEFAULT, check_source, parse_dtype
+from .norm_variant import NORM_FIELDS, NormVariant
 from .public_names import public_name
 
 if TYPE_CHECKING:  # torch and transformers are imported where a model is built: `--help` does not wait for them
@@ -452,109 +443,3 @@ def save(model, processor, output_dir: str) -> None:
     os.makedirs(output_dir, exist_ok=True)
     model.save_pretrained(output_dir)
     processor.save_pretrained(output_dir)
-
-
-# ----------------------------------------------------------------------------------------------------------- CLI
-
-
-def _add_build_options(parser: argparse.ArgumentParser) -> None:
-    """compose / convert: the projector norm's flags (``norm_variant.add_norm_flags``), --dtype and --output-dir."""
-    add_norm_flags(parser)
-    parser.add_argument(
-        "--dtype", type=dtype_argument, default=None,
-        help="dtype to build and save in: bfloat16, float16, float32 (default: the language model's)",
-    )
-    parser.add_argument("--output-dir", required=True, help="folder to write the model and processor to")
-
-
-def make_compose_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="llava-normaligned compose",
-        description="Build a norm-aligned LLaVA from a vision encoder (SigLIP, SigLIP2, CLIP) and a causal LM "
-        "(Llama, Qwen2/2.5/3, SmolLM), with the pretrained weights of both.",
-    )
-    parser.add_argument("--vision-model", required=True, help="Hub id or folder of the vision encoder")
-    parser.add_argument("--text-model", required=True, help="Hub id or folder of the causal LM")
-    parser.add_argument("--vision-revision", default=None,
-                        help="branch, tag or commit of --vision-model on the Hub (default: main)")
-    parser.add_argument("--text-revision", default=None,
-                        help="branch, tag or commit of --text-model on the Hub (default: main)")
-    parser.add_argument("--vision-feature-layer", type=int, default=-2, help="default -2 (LLaVA-1.5)")
-    add_trust_remote_code_flags(parser)
-    _add_build_options(parser)
-    return parser
-
-
-def make_convert_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="llava-normaligned convert",
-        description="Turn a stock LlavaForConditionalGeneration checkpoint into a norm-aligned one.",
-    )
-    parser.add_argument("--from-llava", required=True, help="Hub id or folder of a stock LLaVA checkpoint")
-    parser.add_argument("--revision", default=None,
-                        help="branch, tag or commit of --from-llava on the Hub (default: main)")
-    _add_build_options(parser)
-    return parser
-
-
-def _check_arguments(args) -> None:
-    """compose / convert: the number options and --output-dir (new or empty: the model's files would mix with what
-    is there), before any model is read."""
-    check_number("--gradient-compensation-min", args.gradient_compensation_min, POSITIVE)
-    check_output_folder("--output-dir", args.output_dir, empty=True)
-
-
-def _save_new(model, processor, output_dir: str) -> None:
-    """``save``, leaving no half-written folder when it fails or is stopped (``console.removed_unless_kept``)."""
-    with removed_unless_kept(output_dir):
-        save(model, processor, output_dir)
-
-
-def compose_main(argv: list[str] | None = None) -> int:
-    args = make_compose_parser().parse_args(argv)
-    try:
-        _check_arguments(args)
-        arguments_accepted()
-        model, processor = compose(
-            args.vision_model,
-            args.text_model,
-            vision_feature_layer=args.vision_feature_layer,
-            dtype=args.dtype,
-            revision=args.vision_revision,
-            text_revision=args.text_revision,
-            trust_remote_code=args.trust_remote_code,
-            norm_variant=NormVariant.from_args(args),
-        )
-    except (OSError, ValueError) as error:  # a model that is not there, or not one compose can take
-        return fail("compose", error)
-    _save_new(model, processor, args.output_dir)
-    _report(model, args.output_dir)
-    return 0
-
-
-def convert_main(argv: list[str] | None = None) -> int:
-    args = make_convert_parser().parse_args(argv)
-    try:
-        _check_arguments(args)
-        arguments_accepted()
-        model, processor = convert_from_llava(
-            args.from_llava, dtype=args.dtype, revision=args.revision, norm_variant=NormVariant.from_args(args)
-        )
-    except (OSError, ValueError) as error:
-        return fail("convert", error)
-    _save_new(model, processor, args.output_dir)
-    _report(model, args.output_dir)
-    return 0
-
-
-def _report(model, output_dir: str) -> None:
-    from modeling_llava_normaligned import gain_statistics
-
-    cfg = model.config
-    norm = anatomy_of(model).projector_norm
-    gain = "n/a" if norm is None else f"{gain_statistics(norm.weight, norm.bias)['gain_abs_mean']:.5f}"
-    print(
-        f"wrote {output_dir}: projector_norm={cfg.projector_norm} norm_init={cfg.norm_init} "
-        f"T={cfg.norm_target:.4f} D={cfg.text_config.hidden_size} mean|gain|={gain} "
-        f"GWC={cfg.gradient_compensation} image tokens/image={cfg.image_seq_length}"
-    )

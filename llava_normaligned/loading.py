@@ -29,8 +29,8 @@ Where training and inference differ, and why:
 One ``trust_remote_code`` default, ``TRUST_REMOTE_CODE_DEFAULT = None``: transformers' own resolution, which loads
 this package's model and stock LLaVA with the installed classes and runs no code from the checkpoint. One dtype
 default, ``DTYPE_DEFAULT = "auto"`` (as stored), and one dtype parser, ``parse_dtype``. What a load takes is one
-frozen ``LoadOptions``; every command that loads a model has the same flags for it (``add_load_flags``, read by
-``LoadOptions.from_args``); ``train`` builds its ``LoadOptions`` from its own fields. A name that is no local folder and no Hub repo fails before anything is downloaded
+frozen ``LoadOptions``; every command that loads a model has the same flags for it (``flags.add_load_flags``, read
+by ``LoadOptions.from_args``); ``train`` builds its ``LoadOptions`` from its own fields. A name that is no local folder and no Hub repo fails before anything is downloaded
 (``check_source``), with one line naming it.
 """
 
@@ -94,16 +94,6 @@ def parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     if isinstance(dtype, torch.dtype):
         return dtype
     raise ValueError(f"dtype: unknown value {dtype!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}")
-
-
-def dtype_argument(name: str) -> str | None:
-    """``parse_dtype`` as an argparse ``type`` (its message, as a usage error; no torch import while parsing, so the
-    value stays the accepted name until ``parse_dtype`` is called on it)."""
-    if name != "auto" and name not in DTYPE_NAMES:
-        raise argparse.ArgumentTypeError(
-            f"dtype: unknown value {name!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}"
-        )
-    return None if name == "auto" else name
 
 
 def _device_available(device: torch.device) -> bool:
@@ -721,7 +711,7 @@ class LoadOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, source: str | None = None, **overrides) -> LoadOptions:
-        """The options of ``add_load_flags``' flags (``source``: the model, default ``args.model``); a flag the
+        """The options of ``flags.add_load_flags``' flags (``source``: the model, default ``args.model``); a flag the
         command does not have keeps its default. A bad value is ``console.BadInput`` naming the flag."""
         from .console import BadInput
 
@@ -742,58 +732,6 @@ class LoadOptions:
         return load_model(self.source, return_report=return_report, **self.load_kwargs())
 
 
-TRUST_REMOTE_CODE_HELP = (
-    "run the checkpoint's own Python code (a model whose classes are not installed; not needed for this package's "
-    "models); review it first and pin --revision to a commit hash (default: neither flag, transformers' own "
-    "resolution: installed classes, no checkpoint code)")
-NO_TRUST_REMOTE_CODE_HELP = "refuse checkpoint code without asking"
-
-
-def dtype_help(default: str | None = None) -> str:
-    """The help of every ``--dtype`` that loads a model; ``default``: a command's own default, stated (``train``'s)."""
-    stated = "auto (default: as the checkpoint stores them)" if default is None else \
-        f"auto (as the checkpoint stores them), default: {default},"
-    return f"dtype of the unquantized weights: {stated} or one of {', '.join(sorted(DTYPE_NAMES))}"
-
-
-def add_trust_remote_code_flags(parser) -> None:
-    """``--trust-remote-code`` (opt in) and ``--no-trust-remote-code`` (refuse without asking); neither: None,
-    transformers' own resolution (installed classes first, which covers this package's model and stock LLaVA). The one
-    definition of the pair: ``add_load_flags`` adds it, and ``compose``/``convert``, which load parts, not a model."""
-    trust = parser.add_mutually_exclusive_group()
-    trust.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True,
-                       default=TRUST_REMOTE_CODE_DEFAULT, help=TRUST_REMOTE_CODE_HELP)
-    trust.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_const", const=False,
-                       help=NO_TRUST_REMOTE_CODE_HELP)
-
-
-def add_load_flags(parser, *, quantization: bool = True, attn_implementation: bool = True,
-                   model: str = "MODEL"):
-    """The one set of loading flags of every command that loads a model (``generate``, ``diagnose``, ``eval``), in a
-    "loading" group, which is returned (a command adds its own loading flags to it); ``LoadOptions.from_args``
-    reads them. ``--revision``, ``--device`` (default auto), ``--dtype`` (default auto: as stored),
-    ``--trust-remote-code`` / ``--no-trust-remote-code`` (neither: transformers' own resolution), and unless turned
-    off here ``--load-in-4bit`` / ``--load-in-8bit`` and ``--attn-implementation``."""
-    group = parser.add_argument_group("loading")
-    group.add_argument("--revision", default=None,
-                       help=f"branch, tag or commit of {model} on the Hub (default: main)")
-    group.add_argument("--device", default=DEVICE_DEFAULT,
-                       help="auto (default: the first GPU found, else cpu), cpu, cuda, cuda:N, mps or xpu")
-    group.add_argument("--dtype", default=DTYPE_DEFAULT, help=dtype_help())
-    add_trust_remote_code_flags(group)
-    if quantization:
-        quant = group.add_mutually_exclusive_group()
-        quant.add_argument("--load-in-4bit", dest="quantization", action="store_const", const="4bit", default=None,
-                           help="NF4 + double quantization of the LLM's linear layers (bitsandbytes; default: full "
-                           "precision)")
-        quant.add_argument("--load-in-8bit", dest="quantization", action="store_const", const="8bit",
-                           help="LLM.int8 of the LLM's linear layers (bitsandbytes)")
-    if attn_implementation:
-        group.add_argument("--attn-implementation", default=None,
-                           help="e.g. sdpa, eager, flash_attention_2 (default: transformers' choice)")
-    return group
-
-
 __all__ = [
     "DEVICE_DEFAULT",
     "DTYPE_DEFAULT",
@@ -805,11 +743,8 @@ __all__ = [
     "LoadOptions",
     "QuantizationReport",
     "SourceNotFound",
-    "add_load_flags",
-    "add_trust_remote_code_flags",
     "check_source",
     "compute_dtype_for",
-    "dtype_argument",
     "load_config",
     "load_model",
     "looks_like_path",

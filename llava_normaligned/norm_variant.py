@@ -5,9 +5,9 @@ and Global Weight Compensation (``gradient_compensation``, ``gradient_compensati
 ``NormVariant`` holds the four, validated, as ``LlavaNormAlignedConfig`` spells them (``projector_norm`` None for the
 "w/o Norm" row; the command line's ``"none"`` is read as None). It is built from a command's flags
 (``NormVariant.from_args``), from a config (``from_config``) or from a mapping (``from_dict``), and gives the config's
-keyword arguments (``config_kwargs``). The flags themselves are defined here once: ``add_norm_flags`` for
-``compose`` and ``convert`` (argparse), ``variant_field`` for ``train``'s fields (each unset unless given: a stage
-starts from the model as it is). Standard library only, so ``--help`` imports neither torch nor transformers.
+keyword arguments (``config_kwargs``). The flags are ``llava_normaligned.flags``': ``add_norm_flags`` for
+``compose``, ``convert`` and ``align`` (argparse), ``variant_field`` for ``train``'s fields (each unset unless given: a
+stage starts from the model as it is). Standard library only, so ``--help`` imports neither torch nor transformers.
 
 The model file (pushed to the Hub, torch and transformers only) checks the same values in its config and builds the
 norm from them (``LlavaNormAlignedProjector.reset_norm``); ``tests/test_norm_variant.py`` holds the two to the
@@ -106,42 +106,7 @@ class NormVariant:
         return f"{self.projector_norm}, {self.norm_init} init, {gwc}"
 
 
-# ------------------------------------------------------------------------------- the flags, for every command
-
-DEFAULT = NormVariant()
-# What each option does, as every command's --help says it.
-WHAT = {
-    "projector_norm": "'layernorm', or 'none' for exactly stock LLaVA (paper: w/o Norm)",
-    "norm_init": "'target': gain T/sqrt(D) (paper §5.1); 'default': gain 1 (paper Table 5)",
-    "gradient_compensation": "Global Weight Compensation (GWC, paper §5.1)",
-    "gradient_compensation_min": "the GWC clamp: gradients are scaled by 1 / clamp(mean |gain|, this)",
-}
-CHOICES = {"projector_norm": ["layernorm", NO_NORM], "norm_init": list(NORM_INITS)}
-GROUP_TITLE = "projector norm (the paper's ablation, Tables 4-5)"
+DEFAULT = NormVariant()  # the paper's method; the flags' defaults (llava_normaligned.flags.add_norm_flags)
 
 
-def add_norm_flags(parser: argparse.ArgumentParser):
-    """``--projector-norm``, ``--norm-init``, ``--no-gradient-compensation`` and ``--gradient-compensation-min``, in
-    their own group, each defaulting to the paper's method; read them back with ``NormVariant.from_args``."""
-    group = parser.add_argument_group(GROUP_TITLE)
-    for key in ("projector_norm", "norm_init"):
-        group.add_argument("--" + key.replace("_", "-"), choices=CHOICES[key], default=getattr(DEFAULT, key),
-                           help=f"{WHAT[key]} (default: {getattr(DEFAULT, key)})")
-    group.add_argument("--no-gradient-compensation", dest="gradient_compensation", action="store_false",
-                       help=f"turn {WHAT['gradient_compensation']} off")
-    group.add_argument("--gradient-compensation-min", type=float, default=DEFAULT.gradient_compensation_min,
-                       help=f"{WHAT['gradient_compensation_min']} (default: {DEFAULT.gradient_compensation_min:g})")
-    return group
-
-
-def variant_field(key: str):
-    """``train``'s field for option ``key``: unset (None) unless given, and then applied before stage 1
-    (``StageArguments.variant``)."""
-    metadata = {"help": f"stage 1 variant: {WHAT[key]}" + (" on/off" if key == "gradient_compensation" else "")
-                + "; default: as the model is"}
-    if key in CHOICES:
-        metadata["choices"] = CHOICES[key]
-    return dataclasses.field(default=None, metadata=metadata)
-
-
-__all__ = ["NORM_FIELDS", "NormVariant", "add_norm_flags", "variant_field"]
+__all__ = ["DEFAULT", "NORM_FIELDS", "NormVariant"]

@@ -19,7 +19,8 @@ import torch
 from isolation import run_isolated
 from PIL import Image
 
-from llava_normaligned.align import SUPPORTED_MODEL_TYPES, align_main
+from llava_normaligned.align import SUPPORTED_MODEL_TYPES
+from llava_normaligned.assembly.commands import align_main
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.diagnostics import DiagnoseConfig
 from llava_normaligned.diagnostics import main as diagnose_main

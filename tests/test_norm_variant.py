@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from llava_normaligned.norm_variant import NORM_FIELDS, NormVariant, add_norm_flags
+from llava_normaligned.flags import add_norm_flags
+from llava_normaligned.norm_variant import NORM_FIELDS, NormVariant
 from modeling_llava_normaligned import LlavaNormAlignedConfig
 from modeling_llava_normaligned.configuration_llava_normaligned import NORM_INITS, PROJECTOR_NORMS
 
@@ -108,7 +109,7 @@ def test_compose_and_convert_flags_parse_into_a_variant():
 def test_compose_convert_and_train_offer_the_same_options():
     from llava_normaligned.trainer.arguments import StageArguments, make_parser
 
-    from llava_normaligned.compose import make_compose_parser, make_convert_parser
+    from llava_normaligned.assembly.commands import make_compose_parser, make_convert_parser
 
     for parser in (make_compose_parser(), make_convert_parser(), make_parser()):
         dests = {action.dest for action in parser._actions}  # argparse's list of a parser's actions

@@ -43,15 +43,9 @@ from llava_normaligned.console import (
     check_numbers,
     check_output_folder,
 )
-from llava_normaligned.loading import (
-    DTYPE_NAMES,
-    NO_TRUST_REMOTE_CODE_HELP,
-    TRUST_REMOTE_CODE_DEFAULT,
-    TRUST_REMOTE_CODE_HELP,
-    LoadOptions,
-    dtype_help,
-)
-from llava_normaligned.norm_variant import NormVariant, variant_field
+from llava_normaligned.flags import NO_TRUST_REMOTE_CODE_HELP, TRUST_REMOTE_CODE_HELP, dtype_help, variant_field
+from llava_normaligned.loading import DTYPE_NAMES, TRUST_REMOTE_CODE_DEFAULT, LoadOptions
+from llava_normaligned.norm_variant import NormVariant
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from llava_normaligned.console import (
     check_output_folder,
     fail,
 )
-from llava_normaligned.loading import LoadOptions, add_load_flags
+from llava_normaligned.flags import add_load_flags
+from llava_normaligned.loading import LoadOptions
 
 from .config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
 

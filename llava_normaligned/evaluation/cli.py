@@ -31,7 +31,8 @@ from llava_normaligned.console import (
     check_output_folder,
     fail,
 )
-from llava_normaligned.loading import LoadOptions, SourceNotFound, add_load_flags, check_source
+from llava_normaligned.flags import add_load_flags
+from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
 
 from .data import EvalDataError
 from .report import BaselineError, load_baseline, table_markdown

@@ -26,7 +26,8 @@ from llava_normaligned.console import (
     check_output_file,
     fail,
 )
-from llava_normaligned.loading import LoadOptions, SourceNotFound, add_load_flags, check_source
+from llava_normaligned.flags import add_load_flags
+from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
 
 logger = logging.getLogger(__name__)
 

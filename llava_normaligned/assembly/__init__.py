@@ -1,0 +1,1 @@
+"""Commands that build a model: ``compose``, ``convert`` and ``align`` (``assembly.commands``)."""
