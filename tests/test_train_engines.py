@@ -265,7 +265,12 @@ def test_engine_trains_both_stages_like_one_process_and_resumes(engine, ramp_mod
 
 def test_deepspeed_cpu_run_skips_the_shm_allreduce_op_only_without_tensor_parallelism(tmp_path, monkeypatch):
     import deepspeed.ops
-    from llava_normaligned.trainer.engines import SHM_ALLREDUCE_OP, cpu_engine_arguments, skip_unused_shm_allreduce
+    from llava_normaligned.trainer.engines import (
+        SHM_ALLREDUCE_OP,
+        cpu_engine_settings,
+        prepare_cpu_engine,
+        skip_unused_shm_allreduce,
+    )
 
     compatible = deepspeed.ops.__compatible_ops__  # the dict deepspeed.comm.torch.build_shm_op reads
     assert SHM_ALLREDUCE_OP in compatible
@@ -285,8 +290,10 @@ def test_deepspeed_cpu_run_skips_the_shm_allreduce_op_only_without_tensor_parall
     # the shipped configs (no DeepSpeed JSON), or one without tensor parallelism: the op is not built
     monkeypatch.delenv("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     namespace = argparse.Namespace(deepspeed=None, use_cpu=True, bf16=True, fp16=False, ddp_backend=None)
-    assert cpu_engine_arguments(namespace)
-    assert (namespace.use_cpu, namespace.bf16, namespace.ddp_backend) == (False, False, "gloo")
+    before = dict(vars(namespace))
+    assert cpu_engine_settings(namespace) == {"use_cpu": False, "bf16": False, "fp16": False, "ddp_backend": "gloo"}
+    assert vars(namespace) == before and compatible[SHM_ALLREDUCE_OP] is True  # the settings change nothing
+    assert prepare_cpu_engine(namespace)  # the process step does
     assert compatible[SHM_ALLREDUCE_OP] is False
     monkeypatch.setitem(compatible, SHM_ALLREDUCE_OP, True)
     assert skip_unused_shm_allreduce(argparse.Namespace(deepspeed={"tensor_parallel": {"autotp_size": 1}}))

@@ -445,13 +445,14 @@ def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
 def _hardware_settings(namespace, bf16_asked: bool = False) -> dict:
     """No GPU: train on the CPU in float32, or in bf16 autocast when ``--bf16 True`` is given on the command line (a
     recipe's ``bf16`` is for GPUs) and the CPU has bf16 matmul instructions (AMX or AVX512-BF16). Returns the fields
-    to set (``use_cpu``, ``bf16``, ``fp16``), empty with a GPU or under a DeepSpeed launch on CPUs."""
+    to set (``use_cpu``, ``bf16``, ``fp16``; under a DeepSpeed launch ``ddp_backend`` too), empty with a GPU."""
     if has_accelerator():
         return {}
-    from .engines import cpu_engine_arguments, cpu_has_bf16_matmul
+    from .engines import cpu_engine_settings, cpu_has_bf16_matmul
 
-    if cpu_engine_arguments(namespace):  # a DeepSpeed launch: its CPU accelerator over gloo
-        return {}
+    deepspeed = cpu_engine_settings(namespace)
+    if deepspeed is not None:  # a DeepSpeed launch: its CPU accelerator over gloo
+        return deepspeed
     bf16 = bool(bf16_asked and namespace.bf16 and cpu_has_bf16_matmul())
     if bf16:
         logger.info("no GPU found: training on the CPU in bf16 autocast (--bf16 True; this CPU has AMX/AVX512-BF16)")
@@ -544,13 +545,19 @@ def read_train_args(argv: list[str] | None = None) -> TrainRequest:
                         bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv))
 
 
-def setup_environment(environment: dict[str, str]) -> None:
-    """The one step of ``train`` that changes the process environment: the recipes' ``env:`` keys into
-    ``os.environ``, each logged. Run after parsing and before ``build_train_config`` (which reads the devices)."""
+def setup_environment(environment: dict[str, str], namespace=None) -> None:
+    """The one step of ``train`` that changes the process: the recipes' ``env:`` keys into ``os.environ``, each
+    logged, then, given the parsed ``namespace`` of a DeepSpeed launch on a machine without GPUs, DeepSpeed's unused
+    shared-memory op turned off (``engines.prepare_cpu_engine``). Run after parsing and before
+    ``build_train_config`` (which reads the devices and changes nothing)."""
     for key, value in environment.items():
         logger.info("environment: %s=%s (from --config)%s", key, value,
                     "" if os.environ.get(key, value) == value else f", was {os.environ[key]}")
         os.environ[key] = value
+    if namespace is not None and not has_accelerator():
+        from .engines import prepare_cpu_engine
+
+        prepare_cpu_engine(namespace)
 
 
 def _check_request(namespace) -> None:

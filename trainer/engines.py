@@ -11,7 +11,7 @@ file. Without one, accelerate 1.x quietly falls back to DDP, for two reasons:
 torch's FSDP2 (``fully_shard``) runs on CPU tensors over gloo, and DeepSpeed has a CPU accelerator that talks gloo,
 so both can run for real:
 
-* DeepSpeed: ``cpu_engine_arguments`` keeps ``use_cpu`` off and sets ``ddp_backend="gloo"`` (the DeepSpeed CPU
+* DeepSpeed: ``cpu_engine_settings`` keeps ``use_cpu`` off and sets ``ddp_backend="gloo"`` (the DeepSpeed CPU
   accelerator initialises the process group itself). DeepSpeed's torch backend also JIT-compiles a shared-memory
   all-reduce op when it starts on the CPU (minutes with a C++ compiler, once per machine), which only its
   tensor-parallel layers call; ``skip_unused_shm_allreduce`` marks it unavailable for a run without tensor
@@ -127,18 +127,29 @@ def launched_engine() -> str | None:
     return None
 
 
-def cpu_engine_arguments(namespace) -> bool:
-    """On a machine without GPUs, set what a DeepSpeed launch needs to run on the CPU (``use_cpu`` off,
-    ``ddp_backend="gloo"``, float32). Returns whether it applied; ``namespace`` holds the SFTConfig fields."""
+CPU_DEEPSPEED_SETTINGS = {"use_cpu": False, "bf16": False, "fp16": False, "ddp_backend": "gloo"}
+
+
+def cpu_engine_settings(namespace) -> dict | None:
+    """On a machine without GPUs, what a DeepSpeed launch needs to run on the CPU (``use_cpu`` off,
+    ``ddp_backend="gloo"``, float32), as SFTConfig fields to build the config with; None without a DeepSpeed launch.
+    ``namespace`` (the parsed SFTConfig fields) is only read."""
     if launched_engine() != "deepspeed":
-        return False
-    if namespace.bf16 or namespace.fp16 or namespace.use_cpu or namespace.ddp_backend not in (None, "gloo"):
+        return None
+    if any(getattr(namespace, key) != value for key, value in CPU_DEEPSPEED_SETTINGS.items()
+           if not (key == "ddp_backend" and getattr(namespace, key) is None)):
         logger.info("no GPU found: DeepSpeed on its CPU accelerator over gloo in float32 (use_cpu=False, "
                     "ddp_backend=gloo, bf16/fp16 off)")
-    namespace.use_cpu, namespace.bf16, namespace.fp16 = False, False, False
-    namespace.ddp_backend = "gloo"
-    skip_unused_shm_allreduce(namespace)
-    return True
+    return dict(CPU_DEEPSPEED_SETTINGS)
+
+
+def prepare_cpu_engine(namespace) -> bool:
+    """The process-wide part of a DeepSpeed launch on the CPU (``skip_unused_shm_allreduce``), for the step that
+    sets up the process (``arguments.setup_environment``), not the one that builds the settings. Returns whether
+    the op was turned off."""
+    if launched_engine() != "deepspeed":
+        return False
+    return skip_unused_shm_allreduce(namespace)
 
 
 # DeepSpeed's name for its CPU shared-memory all-reduce op (``ShareMemCommBuilder``)
@@ -312,5 +323,5 @@ def engine_summary(trainer) -> dict:
         "parameter_elements_here": local,
         "parameter_elements": total,
     }
-__all__ = ["cpu_engine_arguments", "engine_summary", "fit_fsdp_wrap_classes", "launched_engine",
+__all__ = ["CPU_DEEPSPEED_SETTINGS", "cpu_engine_settings", "prepare_cpu_engine", "engine_summary", "fit_fsdp_wrap_classes", "launched_engine",
            "optimizer_keeps_tensors", "remove_wrapper_sources", "skip_unused_shm_allreduce", "take_fsdp_on_cpu"]

@@ -739,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     bad_input = (DataError, TemplateError, FileNotFoundError, ValueError)
     try:
         request = read_train_args(argv)  # parse
-        setup_environment(request.environment)  # the recipes' env: keys, logged; before the devices are read
+        setup_environment(request.environment, request.namespace)  # the recipes' env: keys; DeepSpeed on CPUs
         config = build_train_config(request)  # validate, derive: once; only read from here on
         _refuse_jit_checkpoint(config.sft_args)
         check_train_inputs(config.stage_args, config.sft_args, config.model_args)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -381,8 +381,9 @@ def diagnose(config: DiagnoseConfig) -> tuple[dict, list[str]]:
             raise DiagnosticsError(
                 "the figures need matplotlib: pip install 'llava-normaligned[diagnostics]', or pass --no-plots"
             ) from None
-    config.images = config.images or default_images_dir()
-    config.prompts = config.prompts or default_prompts_file()
+    # the defaults resolved into a copy: the caller's config is only read
+    config = replace(config, images=config.images or default_images_dir(),
+                     prompts=config.prompts or default_prompts_file())
     samples = pair_samples(list_images(config.images), load_prompts(config.prompts), config.max_samples)
     try:
         check_output_folder("--output-dir", config.output_dir)
