@@ -1,12 +1,13 @@
 """The suite's measured durations, per test and per file: what the fast tier leaves out, and where the time goes.
 
     python -m pytest -q --durations=0 | tee /tmp/pytest.log    # the full suite, every duration printed
-    python .ci/durations.py update /tmp/pytest.log             # tests/durations.json := that run's durations
+    python .ci/durations.py update /tmp/pytest.log             # tests/durations.json gets that run's durations
     python .ci/durations.py table                              # the per-file table of docs/DEVELOPING.md
 
 A test is in the slow tier when its recorded setup + call + teardown (all its parameters together) took at least
 ``SLOW_SECONDS`` (tests/conftest.py marks it ``slow`` at collection), or when its source marks it so. A test that is
-not recorded yet counts as fast until the next `update`.
+not recorded yet counts as fast until the next `update`. `update` replaces the records of the test files the log
+covers (a run of one file updates that file's tests) and drops those of files that no longer exist.
 """
 
 from __future__ import annotations
@@ -72,8 +73,12 @@ def main(argv: list[str]) -> int:
         if not tests:
             print(f"{argv[1]}: no durations found (run pytest with --durations=0)", file=sys.stderr)
             return 2
-        record = {"about": "Seconds per test (setup + call + teardown, its parameters together) in one full run: "
-                           "written by .ci/durations.py update; tests/conftest.py marks a test slow at "
+        covered = {name.split("::")[0] for name in tests}
+        kept = {name: value for name, value in old.get("tests", {}).items()
+                if name.split("::")[0] not in covered and (ROOT / name.split("::")[0]).exists()}
+        tests = dict(sorted({**kept, **tests}.items()))
+        record = {"about": "Seconds per test (setup + call + teardown, its parameters together): written by "
+                           ".ci/durations.py update from --durations=0 logs; tests/conftest.py marks a test slow at "
                            "slow_seconds or more.",
                   "cpu": _cpu(), "cores": 2, "slow_seconds": old["slow_seconds"], "tests": tests}
         RECORD.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

@@ -85,11 +85,10 @@ HOOKS: dict[str, Hook] = {hook.name: hook for hook in (
          "the model inside a torch.compile wrapper (OptimizedModule), which has no public getter for it: the "
          "families' anatomy reads the model's parts through every wrapper",
          "test_compiled_module_hook", "_probe_compiled_module"),
-    Hook("init_weights", "transformers", ">=5.18,<5.26", (),
+    Hook("init_weights", "transformers", ">=5.18,<5.26", ("_init_weights",),
          "compose initialises a new projector with the model's own per-module init (LLaVA's for the MLP), drawn "
-         "from a seed, without re-initialising the pretrained parts as initialize_weights would (``_init_weights`` "
-         "is not owned here: the model overrides it, transformers' protocol; called on a model from outside it, "
-         "tests/support/private_reaches.py finds it)",
+         "from a seed, without re-initialising the pretrained parts as initialize_weights would (the model's Hub "
+         "files override it: transformers' protocol, which they implement with torch and transformers only)",
          "test_init_weights_hook", "_probe_init_weights"),
     Hook("deepspeed_op_off", "deepspeed", ">=0.19.8,<0.20", ("__compatible_ops__",),
          "DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce op (minutes) that only tensor-parallel "

@@ -25,7 +25,7 @@ from processes import send_or_skip, spawn_console, wait_after_signal
 from test_train_support import write_llava_dataset
 
 from llava_normaligned.cli import main
-from llava_normaligned.console import BadInput, quiet_known_notices, removed_unless_kept
+from llava_normaligned.console import BadInput, keep_notices_of, quiet_known_notices, removed_unless_kept
 
 # A Hub that refuses every connection at once: a command that asked it would say so, not "no such folder".
 CLOSED_HUB = "http://127.0.0.1:9"
@@ -102,6 +102,12 @@ def test_known_notices_are_silenced_narrowly(caplog):
         quiet_known_notices(["--stage", "1"])  # TRL's default, not the user's flag
         TrainingArguments(output_dir="unused", gradient_checkpointing=True)
     assert not [w for w in caught if "gradient_checkpointing" in str(w.message)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        quiet_known_notices(["--stage", "1", "--config", "recipe.yaml"])
+        keep_notices_of(["gradient_checkpointing"])  # the recipe set it: the user's own setting
+        TrainingArguments(output_dir="unused", gradient_checkpointing=True)
+    assert [w for w in caught if "gradient_checkpointing" in str(w.message)]
 
 
 # --------------------------------------------------------------------------------- every argument, checked first

@@ -33,12 +33,12 @@ def test_help_is_built_once_then_read_without_importing_trl(tmp_path, command):
 
 
 def test_the_key_follows_the_sources_and_versions(monkeypatch):
-    from llava_normaligned import console
+    from llava_normaligned.console import help_cache
 
-    key = console._help_key("train")
-    assert key == console._help_key("train") and key != console._help_key("eval")
-    monkeypatch.setattr(console, "HELP_DEPENDS_ON", console.HELP_DEPENDS_ON + ("numpy",))
-    assert console._help_key("train") != key
+    key = help_cache.help_key("train")
+    assert key == help_cache.help_key("train") and key != help_cache.help_key("eval")
+    monkeypatch.setattr(help_cache, "HELP_DEPENDS_ON", help_cache.HELP_DEPENDS_ON + ("numpy",))
+    assert help_cache.help_key("train") != key
 
 
 # ------------------------------------------------------------------------------ every option of every command

@@ -79,12 +79,12 @@ def test_the_copy_is_what_python_imports(tree):
         ("llava_normaligned/hub_cards/card.py", "from llava_normaligned.demo import stats", "layers"),  # app -> demo
         ("llava_normaligned/trainer/sampling.py", "from llava_normaligned.evaluation import scoring", "layers"),  # app -> app
         ("llava_normaligned/families/anatomy.py", "from llava_normaligned import console", "layers"),  # families -> core
-        ("llava_normaligned/console.py", "from llava_normaligned import cli", "layers"),  # library -> the console entry
+        ("llava_normaligned/console/errors.py", "from llava_normaligned import cli", "layers"),  # library -> the console entry
         ("modeling_llava_normaligned/configuration_llava_normaligned.py", "import llava_normaligned", "model"),
         ("modeling_llava_normaligned/modeling_llava_normaligned.py", "import scipy", "model_allow_list"),
         ("modeling_llava_normaligned/configuration_normaligned_vlm.py", "import huggingface_hub", "model_allow_list"),
         ("llava_normaligned/io.py", "from llava_normaligned import loading", "core_order"),  # io -> loading -> console -> io
-        ("llava_normaligned/console.py", "from llava_normaligned import compose", "core_order"),
+        ("llava_normaligned/console/checks.py", "from llava_normaligned import compose", "core_order"),
         ("llava_normaligned/families/anatomy.py", "import trl", "stacks"),
         ("llava_normaligned/loading.py", "import datasets", "stacks"),
         ("llava_normaligned/generation.py", "import gradio", "stacks"),

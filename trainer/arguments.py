@@ -494,6 +494,7 @@ class TrainRequest:
     config_files: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)  # the recipes' ``env:`` keys
     bf16_asked: bool = False  # --bf16 given on the command line (not only by a recipe)
+    recipe_keys: tuple[str, ...] = ()  # the settings the recipes gave
 
 
 @dataclass(frozen=True)
@@ -530,19 +531,27 @@ def read_train_args(argv: list[str] | None = None) -> TrainRequest:
     set here but what argparse itself refuses."""
     import sys
 
-    argv, config_files = _pop_configs(list(sys.argv[1:] if argv is None else argv))
-    parser = make_parser()
-    environment = {}
+    return read_request(list(sys.argv[1:] if argv is None else argv), make_parser(),
+                        "a train, SFTConfig or ModelConfig field")
+
+
+def read_request(argv: list[str], parser, fields: str) -> TrainRequest:
+    """argv and the ``--config`` recipes it names (files, or the names of shipped recipes), parsed by ``parser`` (a
+    ``TrlParser``) -> a ``TrainRequest``: the one reader of ``--config`` files for ``train`` and the commands that
+    mirror TRL's scripts. ``fields``: what a recipe's keys must be, for the error naming one that is not."""
+    argv, config_files = _pop_configs(argv)
+    environment, values = {}, {}
     if config_files:
         values, environment = _read_configs(config_files)
         unused = parser.set_defaults_with_config(**values)
         if unused:
-            raise ValueError(f"--config: unknown arguments {unused} (not a train, SFTConfig or ModelConfig field)")
+            raise BadInput(f"--config: unknown arguments {unused} (not {fields})")
     namespace, remaining = parser.parse_known_args(argv)
     if remaining:
         parser.error(f"unrecognized arguments: {' '.join(remaining)}")
     return TrainRequest(namespace, tuple(config_files), environment,
-                        bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv))
+                        bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv),
+                        recipe_keys=tuple(sorted(values)))
 
 
 def setup_environment(environment: dict[str, str], namespace=None) -> None:
@@ -634,6 +643,7 @@ __all__ = [
     "has_accelerator",
     "make_parser",
     "parse_train_args",
+    "read_request",
     "read_train_args",
     "recipe_names",
     "resolve_config",

@@ -28,7 +28,11 @@ On a stock LLaVA (or the "w/o Norm" variant) only the first three are logged: th
 
 The projector's output (its norm's, where it has one: that is what the LLM receives, also in a model ``align``
 wrote) is read by a forward hook that keeps a running sum on the device (no extra forward pass,
-no host sync until a log); the gain's gradient is read once per logging step, before the optimizer step. At the
+no host sync until a log). Only training forwards are counted: the module in training mode AND gradients enabled.
+That leaves out evaluation (eval mode), and the forwards preference and RL trainers run under ``torch.no_grad()``
+with the model still in training mode: GRPO's generation and its old/reference log-probabilities, DPO's reference
+log-probabilities (whether from a separate reference model, whose modules are not hooked, or from the policy with
+its adapter off); the gain's gradient is read once per logging step, before the optimizer step. At the
 end (and at every checkpoint) the records are rebuilt from ``state.log_history`` and written as
 ``norm_tracking.json`` (a JSON list of records ``{"step", "epoch", <metric>: value}``; record step 0 holds the
 values before any update). A resumed run therefore keeps the history of the interrupted one.
@@ -51,6 +55,7 @@ import threading
 import torch
 from transformers import TrainerCallback
 
+from llava_normaligned.compat import put_callback_first
 from llava_normaligned.families.anatomy import anatomy_of, projector_norm_of, projector_of
 from llava_normaligned.io import write_json_atomic
 from llava_normaligned.part_metrics import (
@@ -81,9 +86,14 @@ def will_log(args, state) -> bool:
 class NormTrackingCallback(TrainerCallback):
     """Logs the norm statistics above through the Trainer's loggers and writes ``norm_tracking.json``.
 
-    Add it with ``NormTrackingCallback.install(trainer)`` (``train_stage`` does): it must run before the reporting
-    callbacks (TensorBoard, W&B, ...) so that its values are in the ``logs`` they receive; ``install`` puts it first.
+    A public callback for any transformers ``Trainer`` and TRL trainer (SFT, DPO, GRPO, KTO, ...):
+    ``Trainer(..., callbacks=[NormTrackingCallback()])``, ``trainer.add_callback(NormTrackingCallback())`` or
+    ``NormTrackingCallback.install(trainer)``. Its values must be in the ``logs`` the reporting callbacks
+    (TensorBoard, W&B, trackio, ...) receive, and the Trainer puts those before every callback a user gives; so at its
+    first events (``on_init_end``, ``on_train_begin``) it moves itself to the front of the handler's list
+    (``compat.put_callback_first``), and ``install`` puts it there at once.
     ``output_dir``: where the final ``norm_tracking.json`` goes (default: the run's ``output_dir``).
+    ``batches_counted``: the training forwards whose projector output was measured, over the whole run.
     """
 
     def __init__(self, output_dir: str | None = None, update_sizes: bool = True):
@@ -93,6 +103,7 @@ class NormTrackingCallback(TrainerCallback):
         self._update_sizes = None
         self._sum = None  # running sum of per-batch mean token norms (0-d tensor, on the model's device)
         self._batches = 0
+        self.batches_counted = 0
         self._grad_abs_mean = None
         self._hook = None
         self._model = None
@@ -111,12 +122,13 @@ class NormTrackingCallback(TrainerCallback):
 
     # ---------------------------------------------------------------------------------------- measurements
     def _on_projector_output(self, module, inputs, output):
-        if not module.training:
+        if not (module.training and torch.is_grad_enabled()):  # a training forward (module docstring)
             return
         tokens = output.detach()
         mean_norm = tokens.float().norm(dim=-1).mean()  # over (B, N) image tokens
         self._sum = mean_norm if self._sum is None else self._sum + mean_norm
         self._batches += 1
+        self.batches_counted += 1
 
     def _text_norm(self, model) -> float:
         # Frozen embeddings (stage 1, LoRA) keep T: compute it once. Trained ones change it: recompute per log.
@@ -142,7 +154,16 @@ class NormTrackingCallback(TrainerCallback):
         return values
 
     # -------------------------------------------------------------------------------------------- events
+    def _run_first(self) -> None:
+        if not put_callback_first(self):
+            logger.warning("NormTrackingCallback: called outside a Trainer's callback handler; its values reach the "
+                           "reporting callbacks only if it runs before them")
+
+    def on_init_end(self, args, state, control, **kwargs):
+        self._run_first()
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._run_first()  # again: a callback added after the Trainer was made meets its first event here
         self._model = model
         # what the LLM receives at the image positions: the norm's output where the model has one (an aligned LLaVA-NeXT
         # or OneVision applies it after its projector, to the image features), else the projector's

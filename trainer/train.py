@@ -35,7 +35,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig, SFTTrainer
 
 from llava_normaligned.compat import TrainerHooks
-from llava_normaligned.console import BadInput
+from llava_normaligned.console import BadInput, keep_notices_of
 from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.io import write_json_atomic
 from llava_normaligned.loading import LoadOptions
@@ -739,6 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     bad_input = (DataError, TemplateError, FileNotFoundError, ValueError)
     try:
         request = read_train_args(argv)  # parse
+        keep_notices_of(request.recipe_keys)  # the recipes' own settings' notices are the user's
         setup_environment(request.environment, request.namespace)  # the recipes' env: keys; DeepSpeed on CPUs
         config = build_train_config(request)  # validate, derive: once; only read from here on
         _refuse_jit_checkpoint(config.sft_args)

@@ -1,0 +1,72 @@
+"""The layout's numbers, for a tree (default: this checkout): lines per layer, functions over 60 and 80 lines, and
+reaches into other libraries' private names outside compat.py (tests/support/private_reaches.py).
+
+    python .ci/layout_metrics.py [ROOT] [--json]
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+
+from tests.support.private_reaches import private_reaches, source_files  # noqa: E402
+
+LAYERS = [  # (layer, path prefixes relative to the root), first match wins
+    ("cli", ("llava_normaligned/cli.py",)),
+    ("demo", ("llava_normaligned/demo/",)),
+    ("chat", ("llava_normaligned/chat/",)),
+    ("applications", ("trainer/", "hub_cards/", "llava_normaligned/diagnostics/", "llava_normaligned/evaluation/",
+                      "llava_normaligned/serving/", "llava_normaligned/assembly/")),
+    ("flags", ("llava_normaligned/flags.py",)),
+    ("families", ("llava_normaligned/families/",)),
+    ("compat", ("llava_normaligned/compat.py",)),
+    ("model", ("modeling_llava_normaligned/",)),
+    ("core", ("llava_normaligned/",)),
+]
+
+
+def layer_of(relative: str) -> str:
+    return next(name for name, prefixes in LAYERS if relative.startswith(prefixes))
+
+
+def long_functions(root: Path, files: list[Path]) -> list[tuple[int, str]]:
+    found = []
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    found.append((length, f"{path.relative_to(root).as_posix()}:{node.name}"))
+    return sorted(found, reverse=True)
+
+
+def metrics(root: Path) -> dict:
+    files = source_files(root)
+    lines: dict[str, int] = {}
+    for path in files:
+        layer = layer_of(path.relative_to(root).as_posix())
+        lines[layer] = lines.get(layer, 0) + len(path.read_text(encoding="utf-8").splitlines())
+    long = long_functions(root, files)
+    return {"lines_per_layer": lines, "functions_over_60": [f"{n} {name}" for n, name in long],
+            "functions_over_80": sum(n > 80 for n, _ in long), "private_reaches_outside_compat": private_reaches(root)}
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--json"]
+    result = metrics(Path(args[0]).resolve() if args else HERE)
+    if "--json" in sys.argv:
+        print(json.dumps(result, indent=1))
+    else:
+        print("lines per layer:", ", ".join(f"{k} {v}" for k, v in result["lines_per_layer"].items()))
+        print(f"functions over 60 lines: {len(result['functions_over_60'])} (over 80: {result['functions_over_80']})")
+        for line in result["functions_over_60"]:
+            print("   ", line)
+        print(f"private reaches outside compat: {len(result['private_reaches_outside_compat'])}")
+        for line in result["private_reaches_outside_compat"]:
+            print("   ", line)

@@ -1,0 +1,316 @@
+"""``llava-normaligned dpo | grpo | kto``: TRL's own ``trl dpo``, ``trl grpo`` and ``trl kto`` scripts, flag for flag,
+with the norm tracked.
+
+Each command parses its arguments with the dataclasses of TRL's script (``trl/scripts/{dpo,grpo,kto}.py``:
+``ScriptArguments`` or ``GRPOScriptArguments``, the trainer's config, ``ModelConfig``, ``DatasetMixtureConfig``) and
+``--config`` YAML as TRL does, so a ``trl dpo ...`` command line runs unchanged as ``llava-normaligned dpo ...``, and
+a recipe in ``trainer/recipes/`` serves both. It then does what the script does (load the dataset, build the trainer
+from ``--model_name_or_path``, train, save, push) and adds:
+
+* ``NormTrackingCallback``: ``norm/*`` in the logs that ``--report_to`` gets, and ``norm_tracking.json`` in the
+  output folder;
+* the installed model classes (``loading.register_local_model``): this package's checkpoints and the folders
+  ``align`` wrote load with TRL's ``--trust_remote_code False`` too, running no code from the checkpoint (TRL's own
+  script needs ``--trust_remote_code True`` for them, also for DPO's reference model);
+* ``--reward_funcs exact_answer`` (``rewards.REWARD_FUNCS``) besides TRL's names and dotted paths;
+* no GPU: training on the CPU in float32 (``--bf16 True`` on the command line keeps bf16 autocast on a CPU with bf16
+  matmul instructions), as ``train`` does;
+* SIGTERM: a checkpoint at the end of the optimizer step, one line and exit code 143 (``callbacks.SigtermCheckpoint``);
+  Ctrl-C: one line and exit code 130; a failed run leaves no half-written output folder it created;
+* bad input (a missing model or dataset, an unknown flag or reward, a dataset without the trainer's columns) is one
+  line and exit code 2, before a model is loaded.
+
+Why commands of their own and not stages of ``train``: ``train``'s stages are the paper's SFT stages with their own
+data pipeline (LLaVA JSON, answer masks, freezing per stage); these follow TRL's scripts and TRL's dataset formats
+(``llava-normaligned rl-data`` writes those from LLaVA JSON; ``rl_data``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import sys
+
+from llava_normaligned.console import (
+    INTERRUPTED,
+    TERMINATED,
+    BadInput,
+    OneLineUsageErrors,
+    arguments_accepted,
+    check_output_folder,
+    fail,
+    keep_notices_of,
+    removed_unless_kept,
+)
+from llava_normaligned.loading import check_source, looks_like_path, register_local_model
+
+logger = logging.getLogger(__name__)
+
+# command -> (TRL trainer class, the columns its dataset needs)
+TRAINERS = {
+    "dpo": ("DPOTrainer", ("prompt", "chosen", "rejected")),
+    "grpo": ("GRPOTrainer", ("prompt",)),
+    "kto": ("KTOTrainer", ("prompt", "completion", "label")),
+}
+
+
+def _trl_script(kind: str):
+    return importlib.import_module(f"trl.scripts.{kind}")
+
+
+def script_parser(kind: str):
+    """The parser of ``llava-normaligned KIND``: TRL's script's dataclasses, ``--config``, one-line usage errors."""
+    from trl import TrlParser
+
+    from .arguments import HelpFormatter, _describe_negations
+
+    class ScriptParser(OneLineUsageErrors, TrlParser):
+        """TRL's parser with one-line usage errors."""
+
+    types = _trl_script(kind).make_parser().dataclass_types
+    parser = ScriptParser(
+        types, formatter_class=HelpFormatter, prog=f"llava-normaligned {kind}",
+        description=f"TRL's `trl {kind}` script, flag for flag (--config RECIPE.yaml too), with the norm tracked "
+        "(norm/* in the logs, norm_tracking.json), this package's model classes installed, SIGTERM checkpoints"
+        + (" and --reward_funcs exact_answer." if kind == "grpo" else "."),
+    )
+    _describe_negations(parser)
+    return parser
+
+
+def make_dpo_parser():
+    return script_parser("dpo")
+
+
+def make_grpo_parser():
+    return script_parser("grpo")
+
+
+def make_kto_parser():
+    return script_parser("kto")
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+
+
+def read_script_args(kind: str, argv: list[str]):
+    """Parse, as ``train``'s ``read_train_args`` does: argv and its ``--config`` recipes (files, or the names of
+    recipes shipped in ``trainer/recipes/``) -> a ``TrainRequest`` (an argparse namespace of every field, the recipes'
+    ``env:`` keys, whether ``--bf16`` was on the command line). An unknown flag is a usage error (one line)."""
+    from .arguments import read_request
+
+    return read_request(list(argv), script_parser(kind), f"a field of `trl {kind}`")
+
+
+def build_script_args(kind: str, request):
+    """(script_args, training_args, model_args, dataset_args): TRL's script's dataclasses, built once from the
+    request with what the machine decides (``arguments._hardware_settings``: no GPU, the CPU in float32) and the
+    trainer's ``model_init_kwargs`` as TRL's script sets them from ``ModelConfig``."""
+    from .arguments import _hardware_settings
+
+    namespace = request.namespace
+    given = namespace.model_init_kwargs
+    given = json.loads(given) if isinstance(given, str) else dict(given or {})
+    init = {"revision": namespace.model_revision, "trust_remote_code": namespace.trust_remote_code,
+            "attn_implementation": namespace.attn_implementation, "dtype": namespace.dtype, **given}
+    values = {**vars(namespace), **_hardware_settings(namespace, bf16_asked=request.bf16_asked),
+              "model_init_kwargs": init}
+    built = []
+    for dataclass_type in _trl_script(kind).make_parser().dataclass_types:
+        names = {f.name for f in dataclasses.fields(dataclass_type) if f.init}
+        built.append(dataclass_type(**{k: v for k, v in values.items() if k in names}))
+    return tuple(built)
+
+
+def reward_functions(names: list[str] | None) -> list:
+    """``--reward_funcs``: this package's names (``rewards.REWARD_FUNCS``), TRL's (``trl.rewards``) and dotted paths
+    (a module found from the working directory, as TRL's script allows), resolved before anything is loaded."""
+    from trl import rewards as trl_rewards
+
+    from .rewards import REWARD_FUNCS
+
+    trl_names = {
+        "accuracy_reward": trl_rewards.accuracy_reward,
+        "reasoning_accuracy_reward": trl_rewards.reasoning_accuracy_reward,
+        "think_format_reward": trl_rewards.think_format_reward,
+        "get_soft_overlong_punishment": trl_rewards.get_soft_overlong_punishment(max_completion_len=1280,
+                                                                                 soft_punish_cache=256),
+    }
+    known = {**trl_names, **REWARD_FUNCS}
+    found = []
+    for name in names or []:
+        if name in known:
+            found.append(known[name])
+            continue
+        if "." not in name:
+            raise BadInput(f"--reward_funcs {name}: unknown reward; give one of {', '.join(sorted(known))} or a "
+                           "dotted path (module.function)")
+        module_name, function = name.rsplit(".", 1)
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise BadInput(f"--reward_funcs {name}: cannot import {module_name} ({err})") from None
+        if not callable(getattr(module, function, None)):
+            raise BadInput(f"--reward_funcs {name}: {module_name} has no function {function}")
+        found.append(getattr(module, function))
+    return found
+
+
+def check_script_inputs(kind: str, script_args, training_args, model_args, dataset_args) -> None:
+    """What must hold before anything is loaded: a model, a dataset, a writable output folder, a reward (GRPO)."""
+    if not model_args.model_name_or_path:
+        raise BadInput("--model_name_or_path is required (a model folder or a Hub id)")
+    check_source(model_args.model_name_or_path, revision=model_args.model_revision)
+    if not script_args.dataset_name and not dataset_args.datasets:
+        raise BadInput("--dataset_name is required (a dataset folder, file or Hub id; `llava-normaligned rl-data` "
+                       "writes one from LLaVA JSON), or --datasets in a --config")
+    name = script_args.dataset_name
+    if name and looks_like_path(name) and not os.path.exists(os.path.expanduser(name)):
+        raise BadInput(f"--dataset_name {name}: no such folder or file")
+    check_output_folder("--output_dir", training_args.output_dir)
+    if kind == "grpo" and not (script_args.reward_funcs or script_args.reward_model_name_or_path):
+        raise BadInput("--reward_funcs is required (e.g. exact_answer), or --reward_model_name_or_path")
+
+
+def load_script_dataset(script_args, dataset_args, needs: tuple[str, ...]):
+    """The dataset as TRL's script loads it (``--datasets`` mixture, else ``load_dataset(--dataset_name)``), its
+    training split checked for the trainer's columns."""
+    from datasets import load_dataset
+    from trl import get_dataset
+
+    name = script_args.dataset_name
+    what = f"--dataset_name {name}" if not dataset_args.datasets else "--datasets"
+    try:
+        if dataset_args.datasets:
+            dataset = get_dataset(dataset_args)
+        else:
+            dataset = load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
+        raise BadInput(f"{what}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    split = script_args.dataset_train_split
+    if split not in dataset:
+        raise BadInput(f"{what}: no {split!r} split (it has {', '.join(dataset)}); --dataset_train_split names it")
+    columns = dataset[split].column_names or []
+    missing = [c for c in needs if c not in columns]
+    if missing:
+        raise BadInput(f"{what}: the {split} split has no column {', '.join(missing)} (it has {', '.join(columns)}); "
+                       "`llava-normaligned rl-data` writes such a dataset from LLaVA JSON")
+    return dataset
+
+
+# ----------------------------------------------------------------------------------------------------- running
+
+
+def build_trainer(kind: str, script_args, training_args, model_args, dataset, reward_funcs, callbacks):
+    """TRL's trainer as TRL's script builds it, with ``callbacks``."""
+    import trl
+
+    extra = {"reward_funcs": reward_funcs} if kind == "grpo" else {}
+    return getattr(trl, TRAINERS[kind][0])(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=dataset[script_args.dataset_train_split],
+        eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
+        quantization_config=trl.get_quantization_config(model_args),
+        peft_config=trl.get_peft_config(model_args),
+        callbacks=callbacks,
+        **extra,
+    )
+
+
+def _train_and_save(kind, trainer, script_args, sigterm):
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    from .callbacks import Terminated
+
+    args = trainer.args
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    if sigterm.stopped_at is not None:
+        trainer.accelerator.wait_for_everyone()
+        raise Terminated(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{sigterm.stopped_at}"))
+    trainer.save_model(args.output_dir)
+    if args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    trainer.end()  # the trackers finish, the process group goes (transformers >= 5.18)
+
+
+def run_script(kind: str, argv: list[str] | None = None) -> int:
+    """``llava-normaligned KIND``: parse and check (bad input: one line, exit code 2), then TRL's script with the
+    norm tracked (module docstring). Returns the exit code."""
+    from .arguments import earlier_run, setup_environment
+    from .train import _stopped
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        request = read_script_args(kind, argv)  # parse
+        keep_notices_of(request.recipe_keys)  # the recipes' own settings' notices are the user's
+        setup_environment(request.environment, request.namespace)  # the recipes' env: keys; before the devices
+        script_args, training_args, model_args, dataset_args = build_script_args(kind, request)
+        check_script_inputs(kind, script_args, training_args, model_args, dataset_args)
+        rewards = reward_functions(script_args.reward_funcs) if kind == "grpo" else None
+        if kind == "grpo" and script_args.reward_model_name_or_path:
+            rewards.insert(0, script_args.reward_model_name_or_path)
+        dataset = load_script_dataset(script_args, dataset_args, TRAINERS[kind][1])  # its columns are input too
+    except (BadInput, ValueError, FileNotFoundError) as err:
+        return fail(kind, err)
+    arguments_accepted()
+    register_local_model()
+
+    from .callbacks import NormTrackingCallback, SigtermCheckpoint, Terminated
+
+    norm, sigterm = NormTrackingCallback(), SigtermCheckpoint()
+    sigterm.hold_back(norm)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    trainer = None
+    try:
+        with removed_unless_kept(training_args.output_dir,
+                                 keep=lambda folder: not main_process or bool(earlier_run(folder))) as output, \
+                sigterm.handling():
+            trainer = build_trainer(kind, script_args, training_args, model_args, dataset, rewards, [norm, sigterm])
+            _train_and_save(kind, trainer, script_args, sigterm)
+    except KeyboardInterrupt:
+        return fail(kind, _stopped(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)
+    except Terminated as stopped:
+        return fail(kind, _stopped(output, "terminated (SIGTERM)", stopped.checkpoint), code=TERMINATED)
+    if trainer.is_world_process_zero():
+        history = [e for e in trainer.state.log_history if "norm/vision_text_ratio" in e]
+        ratio = history[-1]["norm/vision_text_ratio"] if history else float("nan")
+        loss = next((e["train_loss"] for e in reversed(trainer.state.log_history) if "train_loss" in e), float("nan"))
+        print(f"{kind} done: {training_args.output_dir} (train_loss {loss:.4f}, vision/text norm ratio at the end "
+              f"{ratio:.3g})")
+    return 0
+
+
+def dpo_main(argv: list[str] | None = None) -> int:
+    return run_script("dpo", argv)
+
+
+def grpo_main(argv: list[str] | None = None) -> int:
+    return run_script("grpo", argv)
+
+
+def kto_main(argv: list[str] | None = None) -> int:
+    return run_script("kto", argv)
+
+
+__all__ = [
+    "TRAINERS",
+    "build_script_args",
+    "check_script_inputs",
+    "dpo_main",
+    "grpo_main",
+    "kto_main",
+    "make_dpo_parser",
+    "make_grpo_parser",
+    "make_kto_parser",
+    "read_script_args",
+    "reward_functions",
+    "run_script",
+    "script_parser",
+]
