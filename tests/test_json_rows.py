@@ -1,4 +1,4 @@
-"""The row-by-row JSON reader of ``load_llava_json`` (``trainer/data.py: _iter_json_rows``, ijson's C backend): the
+"""The row-by-row JSON reader of ``load_llava_json`` (``trainer/data/llava_json.py: _iter_json_rows``, ijson's C backend): the
 same rows as ``json.loads`` for every way a list can be laid out and cut into pieces, the whole-file error for anything
 else, and memory that does not hold every row's objects at once."""
 
@@ -13,7 +13,8 @@ import sys
 import textwrap
 
 import pytest
-from llava_normaligned.trainer.data import JSON_BUFFER, DataError, _iter_json_rows, _parse_json_rows_whole
+from llava_normaligned.trainer.data import DataError
+from llava_normaligned.trainer.data.llava_json import JSON_BUFFER, _iter_json_rows, _parse_json_rows_whole
 
 TRICKY = [
     {"id": "a", "conversations": [{"from": "human", "value": "brackets ] [ } { and \"quotes\", commas, \\\\"}]},
@@ -117,7 +118,7 @@ def test_memory_holds_rows_one_at_a_time(tmp_path):
     size_mib = os.path.getsize(path) / 2**20
     probe = textwrap.dedent(f"""
         import json, sys, tracemalloc
-        from llava_normaligned.trainer.data import _iter_json_rows
+        from llava_normaligned.trainer.data.llava_json import _iter_json_rows
         tracemalloc.start()
         if sys.argv[1] == "whole":
             n = len(json.loads(open({str(path)!r}, "rb").read()))

@@ -80,7 +80,7 @@ def test_conversation_format_with_embedded_images(hub_folder, tmp_path):
 
 def test_embedded_images_are_not_read_up_front_at_scale(hub_folder, monkeypatch):
     """Above the limit, "auto" reads only the byte counts and opens a seeded sample; "exists" opens none."""
-    from llava_normaligned.trainer import data
+    from llava_normaligned.trainer.data import images as data
 
     opened = []
     real = data._header_problem
