@@ -234,6 +234,21 @@ def compose(
     )
 
 
+def _init_projector(model, projector, seed: int) -> None:
+    """The projector is the only new part: materialise and initialise it in fp32 (LLaVA's init for the MLP, drawn
+    with ``seed``; the norm per the variant: gain T / sqrt(D) or 1, bias 0). The global generator is left as it was."""
+    import torch
+
+    projector.to_empty(device="cpu").float()
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    for module in projector.modules():
+        if module is not projector.norm:
+            init_module_weights(model, module)
+    torch.random.set_rng_state(generator_state)
+    projector.reset_norm()
+
+
 def compose_parts(
     vision_config,
     vision_tower: torch.nn.Module,
@@ -256,7 +271,6 @@ def compose_parts(
     the meta device except its input embeddings, which T is computed from. The projector norm as in ``compose``.
     Returns (model, processor)."""
     norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)
-    import torch
     from transformers import LlavaProcessor
 
     from modeling_llava_normaligned import (
@@ -281,20 +295,14 @@ def compose_parts(
         tokenizer.pad_token = tokenizer.eos_token
     image_size, patch_size = vision_config.image_size, vision_config.patch_size
 
-    vision_dict, text_dict = vision_config.to_dict(), llm.config.to_dict()
     # Where each part came from, as the model card's base_model: a Hub id, never a local path (privacy).
-    vision_dict["_name_or_path"], text_dict["_name_or_path"] = public_name(vision_name), public_name(text_model)
+    vision_dict = {**vision_config.to_dict(), "_name_or_path": public_name(vision_name)}
+    text_dict = {**llm.config.to_dict(), "_name_or_path": public_name(text_model)}
     config = LlavaNormAlignedConfig(
-        vision_config=vision_dict,
-        text_config=text_dict,
-        image_token_index=image_token_id,
-        image_seq_length=(image_size // patch_size) ** 2,
-        projector_hidden_act=projector_hidden_act,
-        vision_feature_select_strategy=strategy,
-        vision_feature_layer=vision_feature_layer,
-        norm_target=norm_target,
-        **norm_variant.config_kwargs(),
-        tie_word_embeddings=bool(getattr(llm.config, "tie_word_embeddings", False)),
+        vision_config=vision_dict, text_config=text_dict, image_token_index=image_token_id,
+        image_seq_length=(image_size // patch_size) ** 2, projector_hidden_act=projector_hidden_act,
+        vision_feature_select_strategy=strategy, vision_feature_layer=vision_feature_layer, norm_target=norm_target,
+        **norm_variant.config_kwargs(), tie_word_embeddings=bool(getattr(llm.config, "tie_word_embeddings", False)),
     )
     with _meta_device():
         model = LlavaNormAlignedForConditionalGeneration(config)
@@ -303,17 +311,7 @@ def compose_parts(
     _adopt(parts.language_model, llm.base_model, f"text model {text_model!r}")
     if not config.tie_word_embeddings:
         _adopt(model.get_output_embeddings(), llm.get_output_embeddings(), f"text model {text_model!r} (lm_head)")
-    # The projector is the only new part: materialise and initialise it in fp32 (LLaVA's init for the MLP, drawn
-    # with ``seed``; the norm per the variant: gain T / sqrt(D) or 1, bias 0).
-    projector = parts.projector
-    projector.to_empty(device="cpu").float()
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    for module in projector.modules():
-        if module is not projector.norm:
-            init_module_weights(model, module)
-    torch.random.set_rng_state(generator_state)
-    projector.reset_norm()
+    _init_projector(model, parts.projector, seed)
     model.to(model_dtype)
     model.tie_weights()
     if image_token_id >= model.get_input_embeddings().weight.shape[0]:
@@ -325,13 +323,9 @@ def compose_parts(
     model.eval()
 
     processor = LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=patch_size,
-        vision_feature_select_strategy=strategy,
-        num_additional_image_tokens=n_extra,
-        chat_template=multimodal_chat_template(tokenizer.chat_template, tokenizer),
-    )
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=patch_size,
+        vision_feature_select_strategy=strategy, num_additional_image_tokens=n_extra,
+        chat_template=multimodal_chat_template(tokenizer.chat_template, tokenizer))
     return model, processor
 
 

@@ -523,6 +523,28 @@ def _load_adapter(options: LoadOptions, adapter: dict):
     return (model if options.for_training else model.eval()), processor, report
 
 
+def _load_kwargs(model_name_or_path: str, config, quantization, quant_type, device, dtype, for_training: bool,
+                 attn_implementation) -> tuple[str | None, dict]:
+    """The quantization mode a load runs in (the one asked for, else the one the checkpoint was saved in; never a
+    different one) and ``from_pretrained``'s placement, dtype, quantization and attention keywords for it."""
+    stored = stored_quantization(config)
+    if stored is not None and quantization is not None and stored != quantization:
+        raise ValueError(
+            f"{model_name_or_path!r} is saved in {stored}; it cannot be loaded as {quantization}. Drop the "
+            "quantization flag to load it as saved."
+        )
+    mode = quantization or stored
+    kwargs, compute_dtype = _placement(mode, device, dtype, for_training)
+    if mode is not None and stored is None:
+        family = family_of(config) or LLAVA
+        kwargs["quantization_config"] = quantization_config(
+            mode, compute_dtype, quant_type=quant_type, keep_unquantized=family.keep_unquantized()
+        )
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    return mode, kwargs
+
+
 def load_model(
     model_name_or_path: str,
     *,
@@ -580,21 +602,8 @@ def load_model(
 
     hub_kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
     config = load_config(model_name_or_path, **hub_kwargs)
-    stored = stored_quantization(config)
-    if stored is not None and quantization is not None and stored != quantization:
-        raise ValueError(
-            f"{model_name_or_path!r} is saved in {stored}; it cannot be loaded as {quantization}. Drop the "
-            "quantization flag to load it as saved."
-        )
-    mode = quantization or stored
-    kwargs, compute_dtype = _placement(mode, device, dtype, for_training)
-    if mode is not None and stored is None:
-        family = family_of(config) or LLAVA
-        kwargs["quantization_config"] = quantization_config(
-            mode, compute_dtype, quant_type=quant_type, keep_unquantized=family.keep_unquantized()
-        )
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
+    mode, kwargs = _load_kwargs(model_name_or_path, config, quantization, quant_type, device, dtype, for_training,
+                                attn_implementation)
     model, info = AutoModelForImageTextToText.from_pretrained(
         model_name_or_path, config=config, output_loading_info=True, **hub_kwargs, **kwargs
     )

@@ -206,6 +206,52 @@ def _render(rows, renderer: ConversationRenderer, processor, per_image: int, num
     )
 
 
+def _render_checked(rows, renderer, processor, chat_template, per_image, num_proc, cache_dir, report: PrepareReport):
+    """``_render``, by jinja for every row when the fast path's sample check finds a difference; the rendering used
+    and the rows rendered fast counted in ``report``. Returns ``(start time, rendered columns)``."""
+    try:
+        start, text = _render(rows, renderer, processor, per_image, num_proc, cache_dir, report)
+    except FastRenderMismatch as err:
+        logger.warning("%s; rendering every row with the chat template instead (slower; --render exact skips the "
+                       "fast path)", err)
+        renderer = ConversationRenderer(processor, chat_template, fast=False)
+        start, text = _render(rows, renderer, processor, per_image, num_proc, cache_dir, report)
+    report.rows_rendered_fast = int(np.count_nonzero(text.data.column("rendered_fast").to_numpy()))
+    report.rendering = "fast" if renderer.fast else "jinja"
+    return start, text.remove_columns(["rendered_fast"])
+
+
+def _kept_rows(text, counts, order, report: PrepareReport, *, max_length, on_too_long: str, drop_text_only: bool):
+    """The positions of the rows ``prepare_dataset`` keeps, in ``order``: text-only rows dropped when asked, rows
+    longer than ``max_length`` dropped with a warning naming a few (or refused, ``on_too_long="error"``); counted in
+    ``report``."""
+    lengths = text.data.column("num_tokens").to_numpy()
+    report.longest_row_tokens = int(lengths[order].max()) if len(order) else 0
+    rows = order
+    if drop_text_only:
+        rows = rows[counts[rows] > 0]
+        report.text_only_dropped = len(order) - len(rows)
+    if max_length is not None:
+        too_long = rows[lengths[rows] > max_length]
+        if len(too_long):
+            ids = text.data.column("id").take(too_long[:MAX_LISTED]).to_pylist()
+            listed = ", ".join(f"{row_id!r} ({lengths[i]} tokens)" for row_id, i in zip(ids, too_long))
+            if on_too_long == "error":
+                raise ValueError(
+                    f"{len(too_long)} row(s) are longer than max_length={max_length} tokens (images included): "
+                    f"{listed}. Rows are never truncated (that could cut image tokens); raise --max_length or pass "
+                    "--on-too-long drop to drop them."
+                )
+            logger.warning(
+                "dropping %d row(s) longer than max_length=%d tokens (images included; rows are never truncated): %s",
+                len(too_long), max_length, listed,
+            )
+            report.examples.append(f"too long: {listed}")
+            rows = rows[lengths[rows] <= max_length]
+            report.too_long_dropped = len(too_long)
+    return rows
+
+
 def prepare_dataset(
     dataset,
     processor,
@@ -261,16 +307,7 @@ def prepare_dataset(
                                  Dataset.from_dict({"num_images": counts, "use": use})], axis=1)
     if num_proc is None:
         num_proc = default_num_proc(int(use.sum()))
-    try:
-        start, text = _render(rows, renderer, processor, per_image, num_proc, cache_dir, report)
-    except FastRenderMismatch as err:
-        logger.warning("%s; rendering every row with the chat template instead (slower; --render exact skips the "
-                       "fast path)", err)
-        renderer = ConversationRenderer(processor, chat_template, fast=False)
-        start, text = _render(rows, renderer, processor, per_image, num_proc, cache_dir, report)
-    report.rows_rendered_fast = int(np.count_nonzero(text.data.column("rendered_fast").to_numpy()))
-    report.rendering = "fast" if renderer.fast else "jinja"
-    text = text.remove_columns(["rendered_fast"])
+    start, text = _render_checked(rows, renderer, processor, chat_template, per_image, num_proc, cache_dir, report)
     what = "rendered rows read from the cache" if report.read_from_cache else "rows rendered and tokenized"
     report.seconds["render"] = log_phase(what, len(order), start)
     # decode=False: images reach the collator as paths/bytes and are decoded there, where a failure names its row
@@ -281,30 +318,8 @@ def prepare_dataset(
                                      Dataset.from_dict({"num_images": counts})], axis=1)
 
     start = time.perf_counter()
-    lengths = text.data.column("num_tokens").to_numpy()
-    report.longest_row_tokens = int(lengths[order].max()) if len(order) else 0
-    rows = order
-    if drop_text_only:
-        rows = rows[counts[rows] > 0]
-        report.text_only_dropped = len(order) - len(rows)
-    if max_length is not None:
-        too_long = rows[lengths[rows] > max_length]
-        if len(too_long):
-            ids = text.data.column("id").take(too_long[:MAX_LISTED]).to_pylist()
-            listed = ", ".join(f"{row_id!r} ({lengths[i]} tokens)" for row_id, i in zip(ids, too_long))
-            if on_too_long == "error":
-                raise ValueError(
-                    f"{len(too_long)} row(s) are longer than max_length={max_length} tokens (images included): "
-                    f"{listed}. Rows are never truncated (that could cut image tokens); raise --max_length or pass "
-                    "--on-too-long drop to drop them."
-                )
-            logger.warning(
-                "dropping %d row(s) longer than max_length=%d tokens (images included; rows are never truncated): %s",
-                len(too_long), max_length, listed,
-            )
-            report.examples.append(f"too long: {listed}")
-            rows = rows[lengths[rows] <= max_length]
-            report.too_long_dropped = len(too_long)
+    rows = _kept_rows(text, counts, order, report, max_length=max_length, on_too_long=on_too_long,
+                      drop_text_only=drop_text_only)
     if not len(rows):
         raise ValueError(f"no rows left to train on: {report.summary()}")
     if len(rows) < len(prepared) or not np.array_equal(rows, np.arange(len(prepared))):

@@ -338,20 +338,24 @@ def table5(rows: list[dict]) -> list[str]:
 
 
 def render_markdown(results: dict) -> str:
-    rows = results["rows"]
-    baseline = results["baseline_key"]
-    dataset = results["dataset"]
-    setup = results["setup"]
-    parts = results["parts"]
+    """The demo's report (results.md): the setup, the accuracy tables, the mechanism, the figures and the model."""
+    lines = [*_setup_lines(results), *_accuracy_lines(results), *_mechanism_lines(results), *_closing_lines(results)]
+    return "\n".join(lines)
+
+
+def _seeds_text(results: dict) -> str:
+    seeds = results.get("seeds") or [results["setup"]["config"]["seed"]]
+    return f"{len(seeds)} seeds ({', '.join(map(str, seeds))})"
+
+
+def _setup_lines(results: dict) -> list[str]:
+    dataset, parts = results["dataset"], results["parts"]
     chance = ", ".join(f"{k} {v:.2f}" for k, v in dataset["chance_accuracy"].items())
     text_only = ", ".join(f"{k} {v:.2f}" for k, v in dataset["text_only_accuracy_test"].items())
-    seeds = results.get("seeds") or [setup["config"]["seed"]]
-    seeds_text = f"{len(seeds)} seeds ({', '.join(map(str, seeds))})"
-    env = results.get("environment") or {}
-    lines = [
+    return [
         "# Norm-aligned LLaVA at CPU scale: the paper's comparison on synthetic images",
         "",
-        f"{setup['summary']}",
+        f"{results['setup']['summary']}",
         "",
         (f"Held-out test split: {dataset['rows']['test']} questions; chance per template: {chance}; best accuracy "
          f"a text-only model can reach on it: {text_only}."),
@@ -360,6 +364,12 @@ def render_markdown(results: dict) -> str:
          f"{parts['vision_feature_norm']['after_pretraining']:.2f} against text-embedding norm "
          f"{parts['text_embedding_norm']:.3f}."),
         "",
+    ]
+
+
+def _accuracy_lines(results: dict) -> list[str]:
+    rows, baseline, seeds_text = results["rows"], results["baseline_key"], _seeds_text(results)
+    return [
         f"## Average accuracy: mean ± 95% interval over {seeds_text} (* = the paired interval excludes 0)",
         "",
         *summary_table(rows),
@@ -391,9 +401,15 @@ def render_markdown(results: dict) -> str:
         "",
         gwc_text(rows, results.get("contrasts", [])),
         "",
+    ]
+
+
+def _mechanism_lines(results: dict) -> list[str]:
+    rows, config = results["rows"], results["setup"]["config"]
+    return [
         "## The mechanism after stage 2 (paper Fig. 4 (a) and (b), RQ3): per LLM layer, mean over seeds",
         "",
-        (f"Measured on {results['setup']['config'].get('layer_probe_images')} test questions with their images "
+        (f"Measured on {config.get('layer_probe_images')} test questions with their images "
          "(``llava_normaligned.diagnostics``' residual tap); l=0 is the LLM's input. Mean token norm ||h_l||:"),
         "",
         *layer_table(rows, "norm", 3),
@@ -406,7 +422,7 @@ def render_markdown(results: dict) -> str:
         "",
         "## Vision/text norm ratio at the LLM input",
         "",
-        (f"Mean L2 norm of the projected image tokens of {results['setup']['config']['probe_images']} test images "
+        (f"Mean L2 norm of the projected image tokens of {config['probe_images']} test images "
          "over T, the mean text-embedding norm (1 = aligned, paper §5.1)."),
         "",
         *norm_ratio_table(rows),
@@ -415,6 +431,12 @@ def render_markdown(results: dict) -> str:
         "",
         *table5(rows),
         "",
+    ]
+
+
+def _closing_lines(results: dict) -> list[str]:
+    env = results.get("environment") or {}
+    return [
         "## Figures",
         "",
         *[line for name, file in FIGURES.items()
@@ -430,7 +452,6 @@ def render_markdown(results: dict) -> str:
          + (f" Compute: {env['compute_dtype']}." if env.get("compute_dtype") else "")),
         "",
     ]
-    return "\n".join(lines)
 
 
 def best_model_text(results: dict) -> str:

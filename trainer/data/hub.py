@@ -138,6 +138,40 @@ def _conversations_to_messages(text, name_or_path: str, source_name: str, report
     return ids, messages, keep
 
 
+def _converted_text(dataset, text_column: str, fingerprint: str, name_or_path: str, counts, on_bad_row: str,
+                    cache_dir: str | None, report: DataReport):
+    """The text columns converted to TRL's messages (cached by the dataset's fingerprint; the image column is never
+    copied), and the positions of the rows kept; what was converted and dropped is counted in ``report``."""
+    import pyarrow as pa
+
+    start = time.perf_counter()
+    key = _loaded_key(["dataset", fingerprint, text_column, on_bad_row], [])
+    found = _cached(cache_dir, key)
+    if found is not None:
+        text, saved = found
+        for name in ("bad_rows_skipped", "leading_assistant_turns_dropped", "examples"):
+            setattr(report, name, saved[name])
+        keep = np.asarray(saved["keep"], dtype=np.int64) if saved["keep"] is not None else np.arange(len(dataset))
+        report.read_from_cache = True
+    else:
+        text_columns = dataset.select_columns([c for c in ("id", text_column) if c in dataset.column_names])
+        source_name = os.path.basename(name_or_path.rstrip("/"))
+        ids, messages, kept = _conversations_to_messages(text_columns, name_or_path, source_name, report, on_bad_row,
+                                                         counts)
+        table = pa.table({"id": pa.array(ids, type=pa.string()), "messages": pa.array(messages, type=_message_type())})
+        features = _features()
+        features = type(features)({k: v for k, v in features.items() if k != "images"})
+        keep = np.asarray(kept, dtype=np.int64)
+        saved = {"bad_rows_skipped": report.bad_rows_skipped, "examples": report.examples,
+                 "leading_assistant_turns_dropped": report.leading_assistant_turns_dropped,
+                 "keep": None if len(keep) == len(dataset) else keep.tolist()}
+        text = _store(cache_dir, key, table, features, saved)
+    report.seconds["parse"] = log_phase(f"dataset {name_or_path}: rows converted", len(dataset), start)
+    if cache_dir is not None:
+        report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
+    return text, keep
+
+
 def load_messages_dataset(
     name_or_path: str,
     *,
@@ -159,7 +193,6 @@ def load_messages_dataset(
     content, ``images``: a list of images, empty or ``None`` for a text-only row), and the ``DataReport`` with
     ``return_report=True``.
     """
-    import pyarrow as pa
     from datasets import concatenate_datasets
 
     _check_policy("on_bad_image", on_bad_image, BAD_IMAGE_POLICIES)
@@ -184,35 +217,11 @@ def load_messages_dataset(
         dataset = concatenate_datasets([dataset, _no_images(len(dataset))], axis=1)
     dataset = with_decode(dataset, "images", False)  # bytes and paths stay as stored while the rows are checked
     report = DataReport(sources=[name_or_path], rows_read=len(dataset))
-    source_name = os.path.basename(name_or_path.rstrip("/"))
     counts = count_images(dataset)
     report.seconds["open"] = log_phase(f"dataset {name_or_path} opened", len(dataset), start)
 
-    # The text columns are converted (cached by the dataset's fingerprint); the image column is never copied.
-    start = time.perf_counter()
-    key = _loaded_key(["dataset", fingerprint, text_column, on_bad_row], [])
-    found = _cached(cache_dir, key)
-    if found is not None:
-        text, saved = found
-        for name in ("bad_rows_skipped", "leading_assistant_turns_dropped", "examples"):
-            setattr(report, name, saved[name])
-        keep = np.asarray(saved["keep"], dtype=np.int64) if saved["keep"] is not None else np.arange(len(dataset))
-        report.read_from_cache = True
-    else:
-        text_columns = dataset.select_columns([c for c in ("id", text_column) if c in dataset.column_names])
-        ids, messages, kept = _conversations_to_messages(text_columns, name_or_path, source_name, report, on_bad_row,
-                                                         counts)
-        table = pa.table({"id": pa.array(ids, type=pa.string()), "messages": pa.array(messages, type=_message_type())})
-        features = _features()
-        features = type(features)({k: v for k, v in features.items() if k != "images"})
-        keep = np.asarray(kept, dtype=np.int64)
-        saved = {"bad_rows_skipped": report.bad_rows_skipped, "examples": report.examples,
-                 "leading_assistant_turns_dropped": report.leading_assistant_turns_dropped,
-                 "keep": None if len(keep) == len(dataset) else keep.tolist()}
-        text = _store(cache_dir, key, table, features, saved)
-    report.seconds["parse"] = log_phase(f"dataset {name_or_path}: rows converted", len(dataset), start)
-    if cache_dir is not None:
-        report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
+    text, keep = _converted_text(dataset, text_column, fingerprint, name_or_path, counts, on_bad_row, cache_dir,
+                                 report)
 
     ids_column = _column(text, "id")
     with_images = keep[counts[keep] > 0]

@@ -203,6 +203,34 @@ def _store(cache_dir: str | None, key: str, table, features, saved: dict):
 PARSE_FIELDS = ("rows_read", "bad_rows_skipped", "leading_assistant_turns_dropped", "examples")
 
 
+def _parsed_rows(paths: list[str], image_folder: str | None, on_bad_row: str, cache_dir: str | None,
+                 report: DataReport):
+    """The files' rows parsed into Arrow columns (with each row's source file and index), or read back from the
+    cache when the same files, image folder and policy were parsed before; what was read is counted in ``report``."""
+    start = time.perf_counter()
+    for path in paths:
+        _check_file(path)
+    folder = os.path.abspath(image_folder) if image_folder is not None else None
+    key = _loaded_key(["llava-json", [os.path.basename(p) for p in paths], folder, on_bad_row], paths)
+    found = _cached(cache_dir, key)
+    if found is not None:
+        loaded, saved = found
+        for name in PARSE_FIELDS:
+            setattr(report, name, saved[name])
+        report.read_from_cache = True
+        report.seconds["parse"] = log_phase("parsed rows read from the cache", len(loaded), start)
+    else:
+        columns = _Columns()
+        for file_index, path in enumerate(paths):
+            _parse_llava_file(_iter_json_rows(path), path, file_index, image_folder, columns, report, on_bad_row)
+        report.seconds["parse"] = log_phase("LLaVA JSON parsed", report.rows_read, start)
+        loaded = _store(cache_dir, key, columns.table(), _features(provenance=True),
+                        {name: getattr(report, name) for name in PARSE_FIELDS})
+    if cache_dir is not None:
+        report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
+    return loaded
+
+
 def load_llava_json(
     data_path: str | list[str],
     image_folder: str | None,
@@ -249,28 +277,7 @@ def load_llava_json(
 
     paths = split_paths(data_path)
     report = DataReport(sources=list(paths))
-    start = time.perf_counter()
-    for path in paths:
-        _check_file(path)
-    folder = os.path.abspath(image_folder) if image_folder is not None else None
-    key = _loaded_key(["llava-json", [os.path.basename(p) for p in paths], folder, on_bad_row], paths)
-    found = _cached(cache_dir, key)
-    if found is not None:
-        loaded, saved = found
-        for name in PARSE_FIELDS:
-            setattr(report, name, saved[name])
-        report.read_from_cache = True
-        report.seconds["parse"] = log_phase("parsed rows read from the cache", len(loaded), start)
-    else:
-        columns = _Columns()
-        for file_index, path in enumerate(paths):
-            _parse_llava_file(_iter_json_rows(path), path, file_index, image_folder, columns, report, on_bad_row)
-        report.seconds["parse"] = log_phase("LLaVA JSON parsed", report.rows_read, start)
-        loaded = _store(cache_dir, key, columns.table(), _features(provenance=True),
-                        {name: getattr(report, name) for name in PARSE_FIELDS})
-    if cache_dir is not None:
-        report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
-
+    loaded = _parsed_rows(paths, image_folder, on_bad_row, cache_dir, report)
     counts = count_images(loaded)
     refs = _image_refs(loaded, np.flatnonzero(counts > 0))
     source_file = _column(loaded, "source_file").to_numpy()
