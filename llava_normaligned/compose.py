@@ -234,6 +234,27 @@ def compose(
     )
 
 
+def _composed_config(vision_config, llm, image_token_id: int, *, vision_name: str, text_name: str,
+                     norm_variant: NormVariant, strategy: str, vision_feature_layer: int, projector_hidden_act: str):
+    """The composed model's config: both parts' configs (each naming where it came from, as the model card's
+    base_model: a Hub id, never a local path), T measured on the LM's input embeddings, the norm's options."""
+    from modeling_llava_normaligned import LlavaNormAlignedConfig, text_embedding_norm_target
+
+    # raises if every row is 0; the image token's row, if the LM has one already, is not text (paper §5.1)
+    norm_target = text_embedding_norm_target(
+        input_embedding_weight(llm, text_name), exclude_token_ids=(image_token_id,)
+    )
+    return LlavaNormAlignedConfig(
+        vision_config={**vision_config.to_dict(), "_name_or_path": public_name(vision_name)},
+        text_config={**llm.config.to_dict(), "_name_or_path": public_name(text_name)},
+        image_token_index=image_token_id,
+        image_seq_length=(vision_config.image_size // vision_config.patch_size) ** 2,
+        projector_hidden_act=projector_hidden_act, vision_feature_select_strategy=strategy,
+        vision_feature_layer=vision_feature_layer, norm_target=norm_target, **norm_variant.config_kwargs(),
+        tie_word_embeddings=bool(getattr(llm.config, "tie_word_embeddings", False)),
+    )
+
+
 def _init_projector(model, projector, seed: int) -> None:
     """The projector is the only new part: materialise and initialise it in fp32 (LLaVA's init for the MLP, drawn
     with ``seed``; the norm per the variant: gain T / sqrt(D) or 1, bias 0). The global generator is left as it was."""
@@ -273,44 +294,26 @@ def compose_parts(
     norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)
     from transformers import LlavaProcessor
 
-    from modeling_llava_normaligned import (
-        LlavaNormAlignedConfig,
-        LlavaNormAlignedForConditionalGeneration,
-        text_embedding_norm_target,
-    )
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
     strategy, n_extra = _select_strategy(vision_config)
     strategy = vision_feature_select_strategy or strategy
-    text_model = text_name
     # One dtype for the whole model: the one asked for, else the LM's (a bf16 LLM stays bf16, and the saved
     # config says so, so from_pretrained does not silently load it back in fp32).
     model_dtype = dtype or next(llm.parameters()).dtype
-
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
-    # raises if every row is 0; the image token's row, if the LM has one already, is not text (paper §5.1)
-    norm_target = text_embedding_norm_target(
-        input_embedding_weight(llm, text_model), exclude_token_ids=(image_token_id,)
-    )
     if tokenizer.pad_token is None:  # batched generation and training need one; Llama 3 ships none
         tokenizer.pad_token = tokenizer.eos_token
-    image_size, patch_size = vision_config.image_size, vision_config.patch_size
-
-    # Where each part came from, as the model card's base_model: a Hub id, never a local path (privacy).
-    vision_dict = {**vision_config.to_dict(), "_name_or_path": public_name(vision_name)}
-    text_dict = {**llm.config.to_dict(), "_name_or_path": public_name(text_model)}
-    config = LlavaNormAlignedConfig(
-        vision_config=vision_dict, text_config=text_dict, image_token_index=image_token_id,
-        image_seq_length=(image_size // patch_size) ** 2, projector_hidden_act=projector_hidden_act,
-        vision_feature_select_strategy=strategy, vision_feature_layer=vision_feature_layer, norm_target=norm_target,
-        **norm_variant.config_kwargs(), tie_word_embeddings=bool(getattr(llm.config, "tie_word_embeddings", False)),
-    )
+    config = _composed_config(vision_config, llm, image_token_id, vision_name=vision_name, text_name=text_name,
+                              norm_variant=norm_variant, strategy=strategy, vision_feature_layer=vision_feature_layer,
+                              projector_hidden_act=projector_hidden_act)
     with _meta_device():
         model = LlavaNormAlignedForConditionalGeneration(config)
     parts = anatomy_of(model)
     _adopt(parts.vision_tower, vision_tower, f"vision model {vision_name!r}")
-    _adopt(parts.language_model, llm.base_model, f"text model {text_model!r}")
+    _adopt(parts.language_model, llm.base_model, f"text model {text_name!r}")
     if not config.tie_word_embeddings:
-        _adopt(model.get_output_embeddings(), llm.get_output_embeddings(), f"text model {text_model!r} (lm_head)")
+        _adopt(model.get_output_embeddings(), llm.get_output_embeddings(), f"text model {text_name!r} (lm_head)")
     _init_projector(model, parts.projector, seed)
     model.to(model_dtype)
     model.tie_weights()
@@ -323,7 +326,7 @@ def compose_parts(
     model.eval()
 
     processor = LlavaProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=patch_size,
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=vision_config.patch_size,
         vision_feature_select_strategy=strategy, num_additional_image_tokens=n_extra,
         chat_template=multimodal_chat_template(tokenizer.chat_template, tokenizer))
     return model, processor
@@ -351,6 +354,24 @@ def _check_stock_llava(source: str, revision: str | None) -> None:
                          "give a LlavaForConditionalGeneration checkpoint, or build one with `compose`")
 
 
+def _copy_stock_projector(parts, stock_projector, dtype, source: str) -> None:
+    """The stock projector's weights into the aligned one (every one must be there), whose new norm then starts at
+    gain T / sqrt(D) or 1, bias 0, in the stock projector's dtype."""
+    import torch
+
+    projector = parts.projector
+    stock_params = dict(stock_projector.named_parameters())
+    projector.to_empty(device="cpu").to(dtype)
+    with torch.no_grad():
+        for name, param in projector.named_parameters():
+            if name.startswith("norm."):
+                continue
+            if name not in stock_params:
+                raise _missing_weight_error(source, [f"{parts.family.projector}.{name}"])
+            param.copy_(stock_params[name])
+    projector.reset_norm()
+
+
 def convert_from_llava(
     source: str,
     *,
@@ -365,7 +386,6 @@ def convert_from_llava(
     norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)
     check_source(source, "stock LLaVA checkpoint", revision=revision)  # before the imports: a typo fails at once
     _check_stock_llava(source, revision)
-    import torch
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from modeling_llava_normaligned import (
@@ -396,17 +416,7 @@ def convert_from_llava(
     _adopt(parts.language_model, stock_parts.language_model, f"{source} (language model)")
     if not config.tie_word_embeddings:
         _adopt(model.get_output_embeddings(), stock.get_output_embeddings(), f"{source} (lm_head)")
-    projector = parts.projector
-    stock_projector_params = dict(stock_parts.projector.named_parameters())
-    projector.to_empty(device="cpu").to(next(stock.parameters()).dtype)
-    with torch.no_grad():
-        for name, param in projector.named_parameters():
-            if name.startswith("norm."):
-                continue
-            if name not in stock_projector_params:
-                raise _missing_weight_error(source, [f"{parts.family.projector}.{name}"])
-            param.copy_(stock_projector_params[name])
-    projector.reset_norm()  # gain T / sqrt(D) or 1, bias 0, in the stock projector's dtype
+    _copy_stock_projector(parts, stock_parts.projector, next(stock.parameters()).dtype, source)
     model.tie_weights()
     model.generation_config = stock.generation_config
     model.eval()

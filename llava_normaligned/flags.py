@@ -52,18 +52,19 @@ def add_trust_remote_code_flags(parser) -> None:
 
 
 def add_load_flags(parser, *, quantization: bool = True, attn_implementation: bool = True,
-                   model: str = "MODEL"):
+                   model: str = "MODEL", dtype_default: str | None = DTYPE_DEFAULT, dtype_said: str | None = None):
     """The one set of loading flags of every command that loads a model (``generate``, ``diagnose``, ``eval``), in a
     "loading" group, which is returned (a command adds its own loading flags to it); ``LoadOptions.from_args``
     reads them. ``--revision``, ``--device`` (default auto), ``--dtype`` (default auto: as stored),
     ``--trust-remote-code`` / ``--no-trust-remote-code`` (neither: transformers' own resolution), and unless turned
-    off here ``--load-in-4bit`` / ``--load-in-8bit`` and ``--attn-implementation``."""
+    off here ``--load-in-4bit`` / ``--load-in-8bit`` and ``--attn-implementation``. ``dtype_default``: a command's own
+    ``--dtype`` default, and ``dtype_said`` how its help states it (``dtype_help``)."""
     group = parser.add_argument_group("loading")
     group.add_argument("--revision", default=None,
                        help=f"branch, tag or commit of {model} on the Hub (default: main)")
     group.add_argument("--device", default=DEVICE_DEFAULT,
                        help="auto (default: the first GPU found, else cpu), cpu, cuda, cuda:N, mps or xpu")
-    group.add_argument("--dtype", default=DTYPE_DEFAULT, help=dtype_help())
+    group.add_argument("--dtype", default=dtype_default, help=dtype_help(dtype_said))
     add_trust_remote_code_flags(group)
     if quantization:
         quant = group.add_mutually_exclusive_group()

@@ -523,6 +523,20 @@ def _load_adapter(options: LoadOptions, adapter: dict):
     return (model if options.for_training else model.eval()), processor, report
 
 
+def _checked_load(model_name_or_path: str, model, info: dict, mode: str | None) -> QuantizationReport:
+    """What a load must pass: no weight the model needs missing, parts this package can find, the quantization asked
+    for. Returns the ``QuantizationReport``."""
+    import torch
+
+    _refuse_missing_weights(model_name_or_path, model, info)
+    anatomy_of(model, model_name_or_path)  # a model this package cannot find its parts in is refused here
+    report = verify_quantization(model, mode)
+    if mode == "8bit" and model.dtype != torch.float16:
+        logging.getLogger("bitsandbytes.autograd._functions").addFilter(_INT8_NOTICE_FILTER)
+    logger.info("loaded %s: %s", model_name_or_path, report.summary())
+    return report
+
+
 def _load_kwargs(model_name_or_path: str, config, quantization, quant_type, device, dtype, for_training: bool,
                  attn_implementation) -> tuple[str | None, dict]:
     """The quantization mode a load runs in (the one asked for, else the one the checkpoint was saved in; never a
@@ -583,7 +597,6 @@ def load_model(
     if quantization is not None and quantization not in QUANTIZATION_MODES:
         raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {quantization!r}")
     check_source(model_name_or_path, revision=revision)  # before the imports: a typo fails at once
-    import torch
     from transformers import AutoModelForImageTextToText
 
     from .families.processors import load_processor  # AutoProcessor, or the family's own builder
@@ -594,10 +607,10 @@ def load_model(
     register_local_model()
     adapter = find_adapter(model_name_or_path, revision)
     if adapter is not None:  # its base, loaded with the same options, then the adapter on it
-        options = LoadOptions(model_name_or_path, revision=revision, quantization=quantization, quant_type=quant_type,
-                              device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                              attn_implementation=attn_implementation, for_training=for_training)
-        model, processor, report = _load_adapter(options, adapter)
+        model, processor, report = _load_adapter(LoadOptions(
+            model_name_or_path, revision=revision, quantization=quantization, quant_type=quant_type, device=device,
+            dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+            for_training=for_training), adapter)
         return (model, processor, report) if return_report else (model, processor)
 
     hub_kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
@@ -607,12 +620,7 @@ def load_model(
     model, info = AutoModelForImageTextToText.from_pretrained(
         model_name_or_path, config=config, output_loading_info=True, **hub_kwargs, **kwargs
     )
-    _refuse_missing_weights(model_name_or_path, model, info)
-    anatomy_of(model, model_name_or_path)  # a model this package cannot find its parts in is refused here
-    report = verify_quantization(model, mode)
-    if mode == "8bit" and model.dtype != torch.float16:
-        logging.getLogger("bitsandbytes.autograd._functions").addFilter(_INT8_NOTICE_FILTER)
-    logger.info("loaded %s: %s", model_name_or_path, report.summary())
+    report = _checked_load(model_name_or_path, model, info, mode)
     processor = load_processor(model_name_or_path, config, **hub_kwargs)
     if not for_training:
         model.eval()

@@ -26,6 +26,7 @@ REQUIRED = {
     "align": ["m", "--output-dir", "x"],
     "convert": ["--from-llava", "m", "--output-dir", "x"],
     "generate": ["m", "--prompt", "hi"],
+    "chat": ["m"],
     "diagnose": ["m", "--output-dir", "x"],
     "eval": ["m", "--tasks", "synthetic"],
     "card": ["folder"],
@@ -44,6 +45,7 @@ NOT_A_NUMBER = {
     "align": ["--gradient-compensation-min", "small"],
     "convert": ["--gradient-compensation-min", "small"],
     "generate": ["--max-new-tokens", "many"],
+    "chat": ["--port", "eighty"],
     "diagnose": ["--max-samples", "all"],
     "eval": ["--limit", "some"],
 }

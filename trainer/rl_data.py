@@ -28,15 +28,9 @@ import os
 import random
 from dataclasses import asdict, dataclass
 
-from llava_normaligned.trainer.data import (
-    DataReport,
-    _Columns,
-    _features,
-    _in_memory_dataset,
-    _parse_llava_file,
-    load_llava_json,
-    with_decode,
-)
+from llava_normaligned.trainer.data import DataReport, load_llava_json, with_decode
+from llava_normaligned.trainer.data.columns import _Columns, _features, _in_memory_dataset
+from llava_normaligned.trainer.data.llava_json import _parse_llava_file
 from llava_normaligned.trainer.rewards import normalize_answer
 
 logger = logging.getLogger(__name__)

@@ -720,6 +720,43 @@ def _redacted(value):
     return value
 
 
+def _prepare_run(config: TrainConfig, argv, sigterm) -> tuple[PreparedStage, object]:
+    """``train``'s set-up once its arguments are accepted: logging and threads, the model, the data and the adapters
+    (stage 2 with ``--use_peft``), prepared for the Trainer. Returns ``(prepared stage, processor)``."""
+    from .lora import stage2_lora_config
+
+    stage_args, sft_args, model_args = config.stage_args, config.sft_args, config.model_args
+    _configure_logging(sft_args)
+    _cpu_threads(sft_args)
+    logger.info("configuration: %s", json.dumps(_redacted(config.describe()), default=str))
+    model, processor = _load_model(config)
+    dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
+    peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision,
+                                     family=anatomy_of(model).family) if model_args.use_peft else None
+    prepared = prepare_stage(
+        model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
+        data_report=data_report, callbacks=[sigterm],
+        run_info={"config_files": list(config.config_files), "argv": list(sys.argv[1:] if argv is None else argv),
+                  "model": public_name(stage_args.model) if stage_args.model else
+                  f"{public_name(stage_args.vision_model)} + {public_name(stage_args.text_model)}"},
+    )
+    return prepared, processor
+
+
+def _merge_if_asked(result: TrainStageResult, config: TrainConfig, processor) -> None:
+    """``--merge-adapter``: the trained adapters merged into an unquantized copy of the base, saved as ``merged/``."""
+    from .lora import merge_adapter
+
+    if not (config.model_args.use_peft and config.stage_args.merge_adapter and result.trainer.is_world_process_zero()):
+        return
+
+    def unquantized_base():
+        return _load_model(config, dataclasses.replace(config.load, quantization=None))[0]
+
+    merged = merge_adapter(result.model, os.path.join(result.output_dir, "merged"), processor, unquantized_base)
+    logger.info("merged model written to %s", merged)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``llava-normaligned train``: parse and check every argument, load, prepare (errors up to here are bad input:
     one line, exit code 2), then train one stage and save (errors there are raised with their traceback). When the
@@ -730,7 +767,6 @@ def main(argv: list[str] | None = None) -> int:
     from llava_normaligned.console import INTERRUPTED, TERMINATED, arguments_accepted, fail, removed_unless_kept
 
     from .data import DataError
-    from .lora import merge_adapter, stage2_lora_config
     from .masking import TemplateError
 
     # INFO until the arguments say otherwise: the environment set-up and what is derived (CPU float32, the global
@@ -747,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as err:
         return fail("train", err)
     arguments_accepted()  # what the libraries said meanwhile is shown from here on
-    stage_args, sft_args, model_args = config.stage_args, config.sft_args, config.model_args
+    stage_args, sft_args = config.stage_args, config.sft_args
     # one process removes what a failed or stopped run left (a folder it created, holding no checkpoint)
     main_process = int(os.environ.get("RANK", "0")) == 0
     prepared = None
@@ -758,29 +794,9 @@ def main(argv: list[str] | None = None) -> int:
         with removed_unless_kept(sft_args.output_dir,
                                  keep=lambda folder: not main_process or bool(earlier_run(folder))) as output, \
                 sigterm.handling():
-            _configure_logging(sft_args)
-            _cpu_threads(sft_args)
-            logger.info("configuration: %s", json.dumps(_redacted(config.describe()), default=str))
-            model, processor = _load_model(config)
-            dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
-            peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision,
-                                             family=anatomy_of(model).family) if model_args.use_peft else None
-            prepared = prepare_stage(
-                model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
-                data_report=data_report, callbacks=[sigterm],
-                run_info={"config_files": list(config.config_files), "argv": list(sys.argv[1:] if argv is None else argv),
-                          "model": public_name(stage_args.model) if stage_args.model else
-                          f"{public_name(stage_args.vision_model)} + {public_name(stage_args.text_model)}"},
-            )
+            prepared, processor = _prepare_run(config, argv, sigterm)
             result = run_stage(prepared)
-            if peft_config is not None and stage_args.merge_adapter and result.trainer.is_world_process_zero():
-
-                def unquantized_base():
-                    return _load_model(config, dataclasses.replace(config.load, quantization=None))[0]
-
-                merged = merge_adapter(result.model, os.path.join(result.output_dir, "merged"), processor,
-                                       unquantized_base)
-                logger.info("merged model written to %s", merged)
+            _merge_if_asked(result, config, processor)
     except bad_input as err:
         if prepared is not None:  # an error while training is no bad input: raised with its traceback
             raise

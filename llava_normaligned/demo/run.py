@@ -452,26 +452,15 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
     layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
     seconds["total"] = seconds["stage1"] + time.perf_counter() - start
     row = {
-        "name": variant.name,
-        "key": variant.key,
-        "seed": seed,
-        "training": variant.training_fields(),
+        "name": variant.name, "key": variant.key, "seed": seed, "training": variant.training_fields(),
         "layers": layers,
         "recipe": "two stages (this package's train_stage: TRL SFTTrainer, answer-only labels, per-part rates)",
-        "model_class": type(model).__name__,
-        "variant": variant.config_fields(),
+        "model_class": type(model).__name__, "variant": variant.config_fields(),
         "checkpoint": os.path.relpath(os.path.join(folder, "stage2"), paths.root),
-        "stage1_checkpoint": stage1["checkpoint"],
-        "stage1_shared_with": stage1["key"] if shared else None,
-        "accuracy": scores.accuracy,
-        "visual_gain": scores.visual_gain,
-        "examples": scores.examples,
-        "norm_ratio": ratio,
-        "gain_stats": gains,
-        "tracking": tracking,
-        "train_loss": losses,
-        "steps": {"stage1": config.stage1_steps, "stage2": config.stage2_steps},
-        "seconds": seconds,
+        "stage1_checkpoint": stage1["checkpoint"], "stage1_shared_with": stage1["key"] if shared else None,
+        "accuracy": scores.accuracy, "visual_gain": scores.visual_gain, "examples": scores.examples,
+        "norm_ratio": ratio, "gain_stats": gains, "tracking": tracking, "train_loss": losses,
+        "steps": {"stage1": config.stage1_steps, "stage2": config.stage2_steps}, "seconds": seconds,
     }
     _write_json(row, os.path.join(folder, RESULT_FILE))
     return row
@@ -955,6 +944,48 @@ def torch_threads(threads: int):
         torch.set_num_threads(before)
 
 
+def _check_best_model_variant(best_model_variant: str, config: DemoConfig) -> None:
+    """Before the training, not after it: ``best_model/`` holds a row the demo knows and trains."""
+    if best_model_variant not in BEST_MODEL_CHOICES:
+        raise ValueError(f"best_model/ can hold one of {', '.join(BEST_MODEL_CHOICES)}, not {best_model_variant!r}")
+    if best_model_variant not in config.row_keys:
+        raise ValueError(f"best_model/ holds a row the demo trains ({', '.join(config.row_keys)}), not "
+                         f"{best_model_variant!r}")
+
+
+def _say_data_and_parts(config: DemoConfig) -> None:
+    if config.real:
+        print(f"data and parts: the synthetic dataset, the vision encoder's pre-training, then "
+              f"{config.parts.text_model} saved as a transformers folder (each reused when the folder already "
+              "holds it)", file=sys.stderr, flush=True)
+    else:
+        print("data and parts: the synthetic dataset, then the vision encoder's and the LLM's pre-training (each "
+              "reused when the folder already holds it)", file=sys.stderr, flush=True)
+
+
+def _dataset_record(info_path: str) -> dict:
+    with open(info_path, encoding="utf-8") as handle:
+        info = json.load(handle)
+    return {"rows": info["rows"], "chance_accuracy": info["chance_accuracy"],
+            "text_only_accuracy_test": info["text_only_accuracy_test"], "folder": "data"}
+
+
+def _timing_record(start: float, data_seconds: float, rows: list[dict], config: DemoConfig, workers: int,
+                   load_start: float) -> dict:
+    threads = config.threads or torch.get_num_threads()
+    return {
+        "total_seconds": time.perf_counter() - start,
+        "data_and_parts_seconds": data_seconds,
+        "runs_seconds": {row["key"]: row["seconds"].get("total") for row in rows},  # summed over seeds
+        "torch_threads": threads,
+        "workers": workers,
+        "load_average_start": load_start,
+        "load_average_end": os.getloadavg()[0],
+        "note": f"{workers} worker process(es) of {threads} torch thread(s); 1-min load average "
+                f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
+    }
+
+
 def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers: int | None = None,
              best_model_variant: str = DEFAULT_BEST_VARIANT) -> dict:
     """Run the whole demo into ``output_dir``; returns the results (also written as ``results.json``). ``workers``:
@@ -963,11 +994,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     ``best_model/`` holds, at its best seed (``best_model_record``); it changes no number, so a folder trained with
     one is reused with another."""
     workers = default_workers() if workers is None else workers
-    if best_model_variant not in BEST_MODEL_CHOICES:  # before the training, not after it
-        raise ValueError(f"best_model/ can hold one of {', '.join(BEST_MODEL_CHOICES)}, not {best_model_variant!r}")
-    if best_model_variant not in config.row_keys:
-        raise ValueError(f"best_model/ holds a row the demo trains ({', '.join(config.row_keys)}), not "
-                         f"{best_model_variant!r}")
+    _check_best_model_variant(best_model_variant, config)
     from llava_normaligned.trainer.data import load_llava_json
 
     from .report import write_figures, write_tables
@@ -977,13 +1004,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     start = time.perf_counter()
     paths = prepare_folder(output_dir, config)
     with quiet_libraries(), torch_threads(config.threads):
-        if config.real:
-            print(f"data and parts: the synthetic dataset, the vision encoder's pre-training, then "
-                  f"{config.parts.text_model} saved as a transformers folder (each reused when the folder already "
-                  "holds it)", file=sys.stderr, flush=True)
-        else:
-            print("data and parts: the synthetic dataset, then the vision encoder's and the LLM's pre-training (each "
-                  "reused when the folder already holds it)", file=sys.stderr, flush=True)
+        _say_data_and_parts(config)
         dataset = ensure_dataset(paths, config.data, progress)
         parts = build_parts(paths.parts, config.parts, progress=progress)
         data_seconds = time.perf_counter() - start
@@ -1010,13 +1031,10 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     contrasts = [contrast(rows, per_run, key, reference) for key, reference in CONTRASTS
                  if key in per_run and reference in per_run]
 
-    with open(dataset.info, encoding="utf-8") as handle:
-        info = json.load(handle)
     best = best_model_record(rows, best_model_variant)
     results = {
         "setup": {"summary": _setup_summary(config, parts), "config": config.to_dict()},
-        "dataset": {"rows": info["rows"], "chance_accuracy": info["chance_accuracy"],
-                    "text_only_accuracy_test": info["text_only_accuracy_test"], "folder": "data"},
+        "dataset": _dataset_record(dataset.info),
         "parts": parts.info,
         "baseline_key": VARIANTS[0].key,
         "seeds": config.seeds,
@@ -1026,18 +1044,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
         "best": best,
         "timing": {},
     }
-    results["timing"] = {
-        "total_seconds": time.perf_counter() - start,
-        "data_and_parts_seconds": data_seconds,
-        "runs_seconds": {row["key"]: row["seconds"].get("total") for row in rows},  # summed over seeds
-        "torch_threads": config.threads or torch.get_num_threads(),
-        "workers": workers,
-        "load_average_start": load_start,
-        "load_average_end": os.getloadavg()[0],
-        "note": f"{workers} worker process(es) of {config.threads or torch.get_num_threads()} torch thread(s); "
-                f"1-min load average "
-                f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
-    }
+    results["timing"] = _timing_record(start, data_seconds, rows, config, workers, load_start)
     write_figures(results, paths.root)
     write_best_model(next(r for r in rows if r["key"] == best["key"]), results, paths)
     results["timing"]["total_seconds"] = time.perf_counter() - start

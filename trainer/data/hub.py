@@ -138,6 +138,29 @@ def _conversations_to_messages(text, name_or_path: str, source_name: str, report
     return ids, messages, keep
 
 
+def _opened_rows(name_or_path: str, split: str):
+    """The dataset opened with an ``images`` list column (a single ``image`` column as a list of one, none as empty
+    lists; never decoded here), its fingerprint (the cache key of the converted rows) and its text column
+    (``messages`` or LLaVA's ``conversations``)."""
+    from datasets import concatenate_datasets
+
+    dataset = _open_hf_dataset(name_or_path, split)
+    if dataset_indices(dataset) is not None:
+        dataset = dataset.flatten_indices()
+    fingerprint = dataset_fingerprint(dataset)
+    text_column = next((c for c in ("messages", "conversations") if c in dataset.column_names), None)
+    if text_column is None:
+        raise DataError(
+            f"dataset {name_or_path!r} has neither a 'messages' column (TRL's messages + images format) nor a "
+            f"'conversations' column (LLaVA's format: [{{'from', 'value'}}, ...]); columns: {dataset.column_names}"
+        )
+    if "image" in dataset.column_names and "images" not in dataset.column_names:
+        dataset = _single_image_as_list(dataset)
+    if "images" not in dataset.column_names:
+        dataset = concatenate_datasets([dataset, _no_images(len(dataset))], axis=1)
+    return with_decode(dataset, "images", False), fingerprint, text_column
+
+
 def _converted_text(dataset, text_column: str, fingerprint: str, name_or_path: str, counts, on_bad_row: str,
                     cache_dir: str | None, report: DataReport):
     """The text columns converted to TRL's messages (cached by the dataset's fingerprint; the image column is never
@@ -199,23 +222,7 @@ def load_messages_dataset(
     _check_policy("on_bad_row", on_bad_row, BAD_ROW_POLICIES)
     _check_policy("check_images", check_images, IMAGE_CHECKS)
     start = time.perf_counter()
-    dataset = _open_hf_dataset(name_or_path, split)
-    if dataset_indices(dataset) is not None:
-        dataset = dataset.flatten_indices()
-    fingerprint = dataset_fingerprint(dataset)  # the cache key of the converted rows
-    text_column = next((c for c in ("messages", "conversations") if c in dataset.column_names), None)
-    if text_column is None:
-        raise DataError(
-            f"dataset {name_or_path!r} has neither a 'messages' column (TRL's messages + images format) nor a "
-            f"'conversations' column (LLaVA's format: [{{'from', 'value'}}, ...]); columns: {dataset.column_names}"
-        )
-    if "image" in dataset.column_names and "images" not in dataset.column_names:
-        dataset = _single_image_as_list(dataset)
-    if "images" not in dataset.column_names:
-        from datasets import concatenate_datasets
-
-        dataset = concatenate_datasets([dataset, _no_images(len(dataset))], axis=1)
-    dataset = with_decode(dataset, "images", False)  # bytes and paths stay as stored while the rows are checked
+    dataset, fingerprint, text_column = _opened_rows(name_or_path, split)
     report = DataReport(sources=[name_or_path], rows_read=len(dataset))
     counts = count_images(dataset)
     report.seconds["open"] = log_phase(f"dataset {name_or_path} opened", len(dataset), start)

@@ -207,6 +207,8 @@ def _parsed_rows(paths: list[str], image_folder: str | None, on_bad_row: str, ca
                  report: DataReport):
     """The files' rows parsed into Arrow columns (with each row's source file and index), or read back from the
     cache when the same files, image folder and policy were parsed before; what was read is counted in ``report``."""
+    if image_folder is not None and not os.path.isdir(image_folder):
+        raise FileNotFoundError(f"image_folder is not a folder: {image_folder}")
     start = time.perf_counter()
     for path in paths:
         _check_file(path)
@@ -229,6 +231,18 @@ def _parsed_rows(paths: list[str], image_folder: str | None, on_bad_row: str, ca
     if cache_dir is not None:
         report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
     return loaded
+
+
+def _row_namer(loaded, paths: list[str]):
+    """``position -> "file, row index, id"`` for the parsed rows, for the messages about a bad image."""
+    source_file = _column(loaded, "source_file").to_numpy()
+    source_row = _column(loaded, "source_row").to_numpy()
+    ids = loaded.data.column("id")
+
+    def name(position: int) -> str:
+        return _row_name(paths[source_file[position]], int(source_row[position]), ids[int(position)].as_py())
+
+    return name
 
 
 def load_llava_json(
@@ -272,24 +286,13 @@ def load_llava_json(
     _check_policy("on_bad_image", on_bad_image, BAD_IMAGE_POLICIES)
     _check_policy("on_bad_row", on_bad_row, BAD_ROW_POLICIES)
     _check_policy("check_images", check_images, IMAGE_CHECKS)
-    if image_folder is not None and not os.path.isdir(image_folder):
-        raise FileNotFoundError(f"image_folder is not a folder: {image_folder}")
-
     paths = split_paths(data_path)
     report = DataReport(sources=list(paths))
     loaded = _parsed_rows(paths, image_folder, on_bad_row, cache_dir, report)
     counts = count_images(loaded)
-    refs = _image_refs(loaded, np.flatnonzero(counts > 0))
-    source_file = _column(loaded, "source_file").to_numpy()
-    source_row = _column(loaded, "source_row").to_numpy()
-
-    ids = loaded.data.column("id")
-
-    def name(position: int) -> str:
-        return _row_name(paths[source_file[position]], int(source_row[position]), ids[int(position)].as_py())
-
-    dropped = _apply_image_policy(_check_images(refs, check_images, image_checker, report), on_bad_image, report,
-                                  name)
+    dropped = _apply_image_policy(
+        _check_images(_image_refs(loaded, np.flatnonzero(counts > 0)), check_images, image_checker, report),
+        on_bad_image, report, _row_namer(loaded, paths))
     dataset = loaded.select_columns(["id", "messages", "images"])
     if dropped:
         keep = np.setdiff1d(np.arange(len(loaded)), np.fromiter(dropped, dtype=np.int64))

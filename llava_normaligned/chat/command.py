@@ -1,0 +1,149 @@
+"""The ``chat`` command: serve the chat page on this machine.
+
+    llava-normaligned chat ./llava-na-3b [--compare ./llava-stock] [--port 7860]
+
+Loading is ``llava_normaligned.loading``'s (the flags of ``flags.add_load_flags``, read into a ``LoadOptions`` per
+model); the page is ``chat.page``'s. Every argument is checked and every model loaded before the page is served: a
+model that cannot be loaded, or a port that is taken, is one line and exit code 2. Gradio is imported only then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import time
+
+from llava_normaligned.console import (
+    POSITIVE_COUNT,
+    TERMINATED,
+    BadInput,
+    CommandParser,
+    NumberRule,
+    arguments_accepted,
+    check_numbers,
+    fail,
+)
+from llava_normaligned.flags import add_load_flags
+from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
+
+DEFAULT_PORT = 7860
+DTYPE_ON_CPU = "float32"
+NUMBERS = {"port": NumberRule(low=1, high=65535), "max_new_tokens": POSITIVE_COUNT}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="llava-normaligned chat",
+        description="Serve a local web page (Gradio) that answers questions about an uploaded image, streamed token "
+        "by token, and shows the image's vision/text norm ratio at the LLM input and its per-layer norms and "
+        "cosines; --compare shows a second model beside it. The answer is also an API endpoint, /answer "
+        "(gradio_client). See docs/chat.md.",
+    )
+    parser.add_argument("model", help="folder or Hub repo id of a norm-aligned, stock or aligned VLM")
+    parser.add_argument("--compare", metavar="MODEL2", default=None,
+                        help="a second model answered and measured beside MODEL (e.g. stock against aligned)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to serve on (default 127.0.0.1: this machine only; no share links)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
+    parser.add_argument("--max-new-tokens", type=int, default=256,
+                        help="tokens generated at most per answer (default 256)")
+    # this command's own default: float32 on the CPU
+    add_load_flags(parser, dtype_default=None, dtype_said=f"{DTYPE_ON_CPU} on the CPU, as stored on an accelerator")
+    return parser
+
+
+def _check_port(host: str, port: int) -> None:
+    """The address can be served on: a port another program holds fails here, before any model loads."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: a closed one's port
+            probe.bind((host, port))
+    except OSError as error:
+        raise BadInput(f"--host {host} --port {port}: cannot serve there ({error.strerror or error}); "
+                       "give another --port") from None
+
+
+def _check_gradio() -> None:
+    try:
+        import gradio  # noqa: F401
+    except ImportError:
+        raise BadInput("the chat page needs gradio: pip install 'llava-normaligned[chat]'") from None
+
+
+def _options(args) -> list[LoadOptions]:
+    """One ``LoadOptions`` per model; ``--dtype`` unset is float32 on the CPU and as stored elsewhere."""
+    from llava_normaligned.loading import resolve_device
+
+    dtype = args.dtype
+    if dtype is None:
+        try:
+            on_cpu = resolve_device(args.device).type == "cpu"
+        except (ValueError, RuntimeError) as error:
+            raise BadInput(f"--device: {error}") from None
+        dtype = DTYPE_ON_CPU if on_cpu else "auto"
+    options = [LoadOptions.from_args(args, dtype=dtype)]
+    if args.compare:
+        options.append(LoadOptions.from_args(args, source=args.compare, revision=None, dtype=dtype))
+    return options
+
+
+def load_chat_model(options: LoadOptions):
+    """``page.ChatModel`` of one model: loaded, and its probe points found (a model whose parts this package cannot
+    find is refused here, not at the first question)."""
+    from llava_normaligned.families.probe_points import locate
+
+    from .page import ChatModel
+
+    model, processor = options.load()
+    return ChatModel(options.source, processor, locate(model, options.source))
+
+
+def _stop(number, frame):
+    raise SystemExit(TERMINATED)
+
+
+def serve(models, args) -> None:
+    """Serve the page until Ctrl-C (or the process is stopped)."""
+    import tempfile
+
+    from .page import build_page
+
+    signal.signal(signal.SIGTERM, _stop)  # a stopped server still removes its figures' folder
+    with tempfile.TemporaryDirectory(prefix="llava-na-chat-") as folder:  # the figures
+        page, theme, css = build_page(models, args.max_new_tokens, folder)
+        page.queue(default_concurrency_limit=1)  # one answer at a time: the models are shared
+        page.launch(server_name=args.host, server_port=args.port, share=False, prevent_thread_lock=True, quiet=True,
+                    ssr_mode=False, mcp_server=False, theme=theme, css=css, allowed_paths=[folder])
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"llava-normaligned chat: serving http://{host}:{args.port} (Ctrl-C stops)", file=sys.stderr,
+              flush=True)
+        try:
+            while page.is_running:
+                time.sleep(0.2)
+        finally:
+            page.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        check_numbers(args, NUMBERS)
+        check_source(args.model, revision=args.revision)  # first: a mistyped model fails before anything loads
+        if args.compare:
+            check_source(args.compare, "--compare")
+        options = _options(args)
+        _check_port(args.host, args.port)
+        _check_gradio()
+    except (SourceNotFound, BadInput) as error:
+        return fail("chat", error)
+    arguments_accepted()
+    models = []
+    for option in options:
+        try:
+            models.append(load_chat_model(option))
+        except Exception as error:  # noqa: BLE001 - whatever stops a model from loading: one line, nothing served
+            return fail("chat", f"cannot load {option.source}: {error}")
+    serve(models, args)
+    return 0
