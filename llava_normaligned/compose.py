@@ -20,8 +20,8 @@ from .compat import init_module_weights
 from .families.anatomy import anatomy_of
 from .families.tokens import IMAGE_TOKEN
 from .loading import TRUST_REMOTE_CODE_DEFAULT, check_source, parse_dtype
+from .local_paths import public_name
 from .norm_variant import NORM_FIELDS, NormVariant
-from .public_names import public_name
 
 if TYPE_CHECKING:  # torch and transformers are imported where a model is built: `--help` does not wait for them
     import torch
@@ -59,7 +59,7 @@ def _meta_device():
         yield
 
 
-def _adopt(dst: torch.nn.Module, src: torch.nn.Module, what: str) -> None:
+def _share_weights(dst: torch.nn.Module, src: torch.nn.Module, what: str) -> None:
     """Make ``dst`` use ``src``'s parameters and buffers (same names, same shapes): no copy, no re-initialisation."""
     import torch
 
@@ -310,10 +310,10 @@ def compose_parts(
     with _meta_device():
         model = LlavaNormAlignedForConditionalGeneration(config)
     parts = anatomy_of(model)
-    _adopt(parts.vision_tower, vision_tower, f"vision model {vision_name!r}")
-    _adopt(parts.language_model, llm.base_model, f"text model {text_name!r}")
+    _share_weights(parts.vision_tower, vision_tower, f"vision model {vision_name!r}")
+    _share_weights(parts.language_model, llm.base_model, f"text model {text_name!r}")
     if not config.tie_word_embeddings:
-        _adopt(model.get_output_embeddings(), llm.get_output_embeddings(), f"text model {text_name!r} (lm_head)")
+        _share_weights(model.get_output_embeddings(), llm.get_output_embeddings(), f"text model {text_name!r} (lm_head)")
     _init_projector(model, parts.projector, seed)
     model.to(model_dtype)
     model.tie_weights()
@@ -412,10 +412,10 @@ def convert_from_llava(
     with _meta_device():
         model = LlavaNormAlignedForConditionalGeneration(config)
     parts, stock_parts = anatomy_of(model), anatomy_of(stock, source)
-    _adopt(parts.vision_tower, stock_parts.vision_tower, f"{source} (vision tower)")
-    _adopt(parts.language_model, stock_parts.language_model, f"{source} (language model)")
+    _share_weights(parts.vision_tower, stock_parts.vision_tower, f"{source} (vision tower)")
+    _share_weights(parts.language_model, stock_parts.language_model, f"{source} (language model)")
     if not config.tie_word_embeddings:
-        _adopt(model.get_output_embeddings(), stock.get_output_embeddings(), f"{source} (lm_head)")
+        _share_weights(model.get_output_embeddings(), stock.get_output_embeddings(), f"{source} (lm_head)")
     _copy_stock_projector(parts, stock_parts.projector, next(stock.parameters()).dtype, source)
     model.tie_weights()
     model.generation_config = stock.generation_config

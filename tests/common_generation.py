@@ -15,8 +15,9 @@ from __future__ import annotations
 import copy
 
 import torch
-from numerics import F32_EPS, assert_close_scaled
 from transformers import GenerationMixin
+
+from tests.support.numerics import F32_EPS, assert_close_scaled
 
 # Rounding of float32 logits of a 2-layer, 32-wide model computed by two paths (cached decode vs a full forward,
 # padded vs unpadded): a few hundred units of float32 rounding relative to the largest logit.

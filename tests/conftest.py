@@ -9,7 +9,7 @@ this run, removed at its end. Child processes inherit the same. Kept: the transf
 tests/test_transformers_common.py fetches (``$LLAVA_NA_TEST_CACHE``, else ``$XDG_CACHE_HOME/llava-normaligned`` or
 ``~/.cache/llava-normaligned``: docs/DEVELOPING.md), and what changes only speed (``OMP_NUM_THREADS``) or which
 hardware is used (``CUDA_VISIBLE_DEVICES``). Subprocesses get ``stdin=subprocess.DEVNULL``; those a test sends
-signals to start through ``tests/processes.py``.
+signals to start through ``tests/support/processes.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import shutil
 import tempfile
 
 import pytest
+
+from tests.support.vllm_env import vllm_python  # noqa: F401 - a fixture of the vLLM tests (test_vllm, test_compat)
 
 # a user's settings, by prefix and by name (see the module's docstring)
 USER_SETTING_PREFIXES = ("HF_", "HUGGING_FACE_", "HUGGINGFACE_", "TQDM_", "ACCELERATE_")

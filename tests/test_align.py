@@ -16,7 +16,6 @@ import os
 
 import pytest
 import torch
-from isolation import run_isolated
 from PIL import Image
 
 from llava_normaligned.align import SUPPORTED_MODEL_TYPES
@@ -31,6 +30,7 @@ from llava_normaligned.families.anatomy import ALIGNED_MODEL_TYPE_PREFIX, ALIGNE
 from llava_normaligned.loading import load_model
 from llava_normaligned.tiny import save_tiny_vlm
 from modeling_llava_normaligned import ALIGNED_REMOTE_CODE_FILES
+from tests.support.isolation import run_isolated
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -376,7 +376,7 @@ def test_the_model_file_and_the_command_know_the_same_families():
 def test_the_aligned_folder_names_no_local_path(folders):
     """What `align` writes is published as it is (`push`): its JSON and text files name the stock model by its own
     name, never by the folder it was read from."""
-    from llava_normaligned.public_names import local_paths_in
+    from llava_normaligned.local_paths import local_paths_in
 
     for family, (stock, aligned) in folders.items():
         for name in sorted(os.listdir(aligned)):

@@ -15,15 +15,15 @@ import os
 
 import pytest
 import torch
-from isolation import run_isolated
 from safetensors.torch import load_file
-from test_train_hubdata import write_hub_parquet
-from test_train_support import write_llava_dataset
 
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.families.anatomy import ALIGNED_NORM_NAME, anatomy_of, family_of
 from llava_normaligned.loading import load_model
 from llava_normaligned.tiny import TRAINS_WITHOUT_TORCHVISION, save_tiny_vlm
+from tests.support.hub_data import write_hub_parquet
+from tests.support.isolation import run_isolated
+from tests.support.training import write_llava_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -273,10 +273,10 @@ def test_push_and_pull_through_a_hub_server(trained, tmp_path):
     """The real huggingface_hub client over HTTP against the local Hub server: push (with the fresh-process load
     check), then pull; the pulled folder has the trained weights and the aligned remote code, byte for byte."""
     import huggingface_hub.constants
-    from hub_server import HubServer
 
     from llava_normaligned.hub_cards.push import pull, push
     from modeling_llava_normaligned import ALIGNED_REMOTE_CODE_FILES
+    from tests.support.hub_server import HubServer
 
     token = "hf_" + "alignTestToken0123456789abcdefghijk"[:34]
     folder = trained["gemma3"]
@@ -347,11 +347,11 @@ for family, folder in folders.items():
 
 
 def test_two_process_ddp_trains_aligned_models_with_no_unused_parameter(aligned, tmp_path):
-    from test_train_distributed import _torchrun
+    from tests.support.distributed import torchrun
 
     families = ("gemma3", "llava_next")  # a SigLIP pooling head; layers after the feature layer, post layernorm
     path, images = write_llava_dataset(tmp_path / "data", n_rows=4, text_only=0, multi_turn_every=0)
-    ranks = _torchrun(DDP_RANK_SCRIPT, tmp_path, json.dumps({f: aligned[f] for f in families}), path, images)
+    ranks = torchrun(DDP_RANK_SCRIPT, tmp_path, json.dumps({f: aligned[f] for f in families}), path, images)
     assert [r["world_size"] for r in ranks] == [2, 2]
     out = tmp_path / "out"
     for family in families:

@@ -1,6 +1,6 @@
 """Model cards rendered from a checkpoint folder: metadata, the numbers computed from config and weights, the records
 of a real training run (``train_stage``), diagnostics and evaluation, what a card must never publish (tokens, local
-paths), and the metadata checks: local ones, and those of a Hub API (here the test server's rules, tests/hub_server.py).
+paths), and the metadata checks: local ones, and those of a Hub API (here the test server's rules, tests/support/hub_server.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import shutil
 
 import pytest
 import torch
-from hub_server import HubServer
 from huggingface_hub import ModelCard
+from safetensors.torch import load_file, save_file
+
 from llava_normaligned.hub_cards.card import (
     BIBTEX,
     CardOptions,
@@ -26,10 +27,9 @@ from llava_normaligned.hub_cards.card import (
     render_card,
     variant_text,
 )
-from safetensors.torch import load_file, save_file
-
 from llava_normaligned.loading import KEEP_UNQUANTIZED
 from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, text_embedding_norm_target
+from tests.support.hub_server import HubServer
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 NORM_GAIN = "model.multi_modal_projector.norm.weight"
@@ -48,7 +48,7 @@ def trained_dir(tiny_model_dir, tmp_path_factory):
     """The output folder of a real 2-step stage-2 run of the `train` command (its training_summary.json and
     norm_tracking.json as train writes them), its data read from an absolute local path."""
     from llava_normaligned.trainer.train import main as train_main
-    from test_train_support import write_llava_dataset
+    from tests.support.training import write_llava_dataset
 
     root = tmp_path_factory.mktemp("trained_for_card")
     data_path, images = write_llava_dataset(root / "private-data", n_rows=8, text_only=0)

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from llava_normaligned.hub_cards.card import CARD_NOTES, render_card, write_card_notes
 
 from llava_normaligned.demo import report
+from llava_normaligned.hub_cards.card import CARD_NOTES, render_card, write_card_notes
 
 # step 0 is the before-training record; steps 10 and 20 are logged optimizer steps (their numbers chosen by hand)
 RECORDS = [

@@ -14,7 +14,8 @@ import socket
 import subprocess
 
 import pytest
-from chat_server import (
+
+from tests.support.chat_server import (
     MAX_NEW_TOKENS,
     QUESTION,
     ChatServer,
@@ -24,7 +25,7 @@ from chat_server import (
     not_an_image,
     solid_image,
 )
-from processes import CONSOLE
+from tests.support.processes import CONSOLE
 
 pytest.importorskip("gradio")
 from gradio_client import Client, handle_file

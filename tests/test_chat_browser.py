@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from chat_server import MAX_NEW_TOKENS, QUESTION, ChatServer, direct, not_an_image, solid_image
+
+from tests.support.chat_server import MAX_NEW_TOKENS, QUESTION, ChatServer, direct, not_an_image, solid_image
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

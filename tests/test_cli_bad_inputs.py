@@ -19,13 +19,13 @@ import threading
 import time
 import warnings
 
-import eval_fixtures
 import pytest
-from processes import send_or_skip, spawn_console, wait_after_signal
-from test_train_support import write_llava_dataset
 
 from llava_normaligned.cli import main
 from llava_normaligned.console import BadInput, keep_notices_of, quiet_known_notices, removed_unless_kept
+from tests.support import eval_fixtures
+from tests.support.processes import send_or_skip, spawn_console, wait_after_signal
+from tests.support.training import write_llava_dataset
 
 # A Hub that refuses every connection at once: a command that asked it would say so, not "no such folder".
 CLOSED_HUB = "http://127.0.0.1:9"

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_vllm import vllm_python  # noqa: F401 - the fixture: a Python with vLLM, or a skip
 
 from llava_normaligned import compat
 from llava_normaligned.compat import HOOKS, REPLACED
@@ -100,10 +99,11 @@ def test_trainer_train_sampler_hook(tmp_path):
 
 def test_pil_backend_preprocess_hook():
     import numpy as np
-    from llava_normaligned.trainer.collator import PixelTable
     from PIL import Image
     from transformers.image_processing_backends import PilBackend
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from llava_normaligned.trainer.collator import PixelTable
 
     processor = SiglipImageProcessorPil(size={"height": 8, "width": 8})
     assert isinstance(processor, PilBackend) and compat.keeps_pil_backend_steps(processor)
@@ -200,6 +200,7 @@ def test_deepspeed_op_off_hook(monkeypatch):
     import importlib
 
     import deepspeed.ops
+
     from llava_normaligned.trainer.engines import SHM_ALLREDUCE_OP
 
     backend = importlib.import_module("deepspeed.comm.torch")

@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 import torch
-from isolation import run_isolated
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import (
@@ -32,6 +31,7 @@ from modeling_llava_normaligned import (
     model_norm_target,
     text_embedding_norm_target,
 )
+from tests.support.isolation import run_isolated
 
 
 def _inputs(processor, n_images=1, question="what colour is the shape"):

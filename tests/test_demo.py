@@ -102,9 +102,8 @@ def test_per_part_clipping_s_total_is_explained(quick_demo, results):
     """With per-part clipping the Trainer's total is taken after the parts were clipped, so it is below the parts:
     results.md says so and gives the total before (the parts' root sum of squares, which is the Trainer's total
     where nothing clips per part)."""
-    from llava_normaligned.hub_cards.card import parts_total
-
     from llava_normaligned.demo.report import per_part_clip_note
+    from llava_normaligned.hub_cards.card import parts_total
 
     rows = {r["key"]: r for r in results["rows"]}
     part_clip = rows["norm_target_init_gwc_part_clip"]

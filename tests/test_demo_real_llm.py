@@ -148,10 +148,9 @@ def _instruct_rows(folder, n):
 def test_answer_only_labels_on_smollm2_s_template(quick_real, smollm2_processor):
     """What stage 2 trains on with SmolLM2's own template (no {% generation %} markers: placeholder rendering) is each
     answer and its <|im_end|>, nothing of the system prompt, the question or the image."""
+    from llava_normaligned.demo.real_llm import SMOLLM2_TEMPLATE
     from llava_normaligned.trainer.collator import IGNORE_INDEX, LlavaTrainingCollator
     from llava_normaligned.trainer.preprocess import prepare_dataset
-
-    from llava_normaligned.demo.real_llm import SMOLLM2_TEMPLATE
 
     processor = smollm2_processor
     assert processor.tokenizer.chat_template == SMOLLM2_TEMPLATE  # as shipped in the GGUF file
@@ -248,9 +247,8 @@ def test_the_real_llm_config_is_recorded_and_read_back():
 
 
 def test_the_compute_dtype_follows_the_cpu_s_bf16_instructions(monkeypatch):
-    from llava_normaligned.trainer import engines
-
     from llava_normaligned.demo.real_llm import compute_dtype
+    from llava_normaligned.trainer import engines
 
     monkeypatch.setattr(engines, "cpu_flags", lambda: {"avx2", "avx512f"})
     assert compute_dtype() == "float32"

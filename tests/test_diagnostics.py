@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-from numerics import kl_resolution
 
 from llava_normaligned.diagnostics import DiagnoseConfig, main
 from llava_normaligned.diagnostics.default_inputs import (
@@ -23,6 +22,7 @@ from llava_normaligned.diagnostics.runner import probe_model
 from llava_normaligned.diagnostics.theory import compare_rotation, tan_theta_eff, theta_eff
 from llava_normaligned.families.anatomy import AnatomyError
 from llava_normaligned.families.probe_points import locate
+from tests.support.numerics import kl_resolution
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

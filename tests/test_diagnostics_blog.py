@@ -429,9 +429,8 @@ def test_generate_never_decodes_a_placeholder(rigged_dir, image_file, generated,
 
 
 def test_eval_never_decodes_a_placeholder(rigged_dir, generated, tmp_path):
-    import eval_fixtures
-
     from llava_normaligned.evaluation.cli import main as eval_main
+    from tests.support import eval_fixtures
 
     data = eval_fixtures.write_all(str(tmp_path / "bench"))
     out = str(tmp_path / "eval")

@@ -9,11 +9,11 @@ import json
 import os
 import shutil
 
-import eval_fixtures
 import pytest
 
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.evaluation.cli import main
+from tests.support import eval_fixtures
 
 FAST = ["--max-new-tokens", "3", "--batch-size", "2"]
 

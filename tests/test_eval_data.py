@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-import eval_fixtures
 import pytest
 
 from llava_normaligned.demo.synthetic import TEMPLATES as SYNTHETIC_TEMPLATES
 from llava_normaligned.evaluation.batches import build_requests
 from llava_normaligned.evaluation.data import EvalDataError, load_split
 from llava_normaligned.evaluation.tasks import TASKS
+from tests.support import eval_fixtures
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_no_network_and_no_local_copy_is_a_clear_error(tmp_path):
 
 def test_whole_hub_repo_download_reads_the_config_folder_only(tmp_path):
     """A `huggingface-cli download` of cais/mmlu holds all/ and one folder per subject: only all/ is the split."""
-    from eval_fixtures import to_dataset
+    from tests.support.eval_fixtures import to_dataset
 
     root = tmp_path / "mmlu"
     to_dataset(eval_fixtures.mmlu_rows()).to_parquet(str(root / "all" / "test-00000-of-00001.parquet"))

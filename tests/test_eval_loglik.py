@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import eval_fixtures
 import pytest
 import torch
 from torch import nn
@@ -21,6 +20,7 @@ from llava_normaligned.evaluation.loglik import (
 )
 from llava_normaligned.evaluation.prompts import hellaswag_request, mmlu_request
 from llava_normaligned.evaluation.tasks import TASKS
+from tests.support import eval_fixtures
 
 
 def constant_head(model, bias: torch.Tensor) -> None:

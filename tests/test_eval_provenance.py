@@ -12,7 +12,7 @@ from llava_normaligned.evaluation import provenance
 from llava_normaligned.evaluation.data import LazyImage
 
 
-def test_results_name_local_settings_by_their_own_names():  # the rule itself: tests/test_public_names.py
+def test_results_name_local_settings_by_their_own_names():  # the rule itself: tests/test_local_paths.py
     assert provenance.public_settings({"data_dir": "/data/bench", "limit": 3, "baseline": None}) == {
         "data_dir": "bench", "limit": 3, "baseline": None}
 

@@ -13,7 +13,6 @@ import os
 
 import pytest
 import torch
-from numerics import F32_EPS, assert_close_scaled, kl_resolution
 from PIL import Image
 
 from llava_normaligned.diagnostics import DiagnoseConfig, main, passes
@@ -25,6 +24,7 @@ from llava_normaligned.families.probe_points import locate
 from llava_normaligned.families.processors import ExpandingProcessor, load_processor
 from llava_normaligned.loading import load_model
 from llava_normaligned.tiny import save_tiny_vlm, tiny_vlm
+from tests.support.numerics import F32_EPS, assert_close_scaled, kl_resolution
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

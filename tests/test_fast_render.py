@@ -3,9 +3,10 @@
 import random
 
 import pytest
+
 from llava_normaligned.trainer.masking import ConversationRenderer, FastRenderMismatch, content_literals
 from llava_normaligned.trainer.preprocess import prepare_dataset
-from test_train_templates import TEMPLATES, _multimodal
+from tests.support.templates import TEMPLATES, multimodal_template
 
 PIECES = ["red", "a dog", "  leading", "trailing  ", "\nnew line first", "last line\n", "\n\n both \n", "tab\there",
           "quote ' and \"", "{{ not jinja }}", "{% if x %}", "back\\slash", "caf\u00e9 \u4e2d", "</think>", "<think>",
@@ -35,7 +36,7 @@ def _both(fast: ConversationRenderer, exact: ConversationRenderer, messages, n_i
 
 @pytest.mark.parametrize("name", list(TEMPLATES))
 def test_fast_path_equals_jinja_row_for_row(tiny_processor, name):
-    template = _multimodal(tiny_processor, name)
+    template = multimodal_template(tiny_processor, name)
     fast = ConversationRenderer(tiny_processor, template)
     exact = ConversationRenderer(tiny_processor, template, fast=False)
     assert fast.fast and not exact.fast
@@ -99,8 +100,9 @@ def test_a_difference_the_checks_miss_is_caught_and_every_row_re_rendered(tiny_p
 
     import json
 
-    from llava_normaligned.trainer.data import load_llava_json
     from PIL import Image
+
+    from llava_normaligned.trainer.data import load_llava_json
 
     (tmp_path / "images").mkdir()
     rows = []
@@ -114,7 +116,7 @@ def test_a_difference_the_checks_miss_is_caught_and_every_row_re_rendered(tiny_p
     assert report.rendering == "jinja" and report.rows_rendered_fast == 0
     assert all(" [long]" in row for row in prepared["rendered"])
     fast_prepared, fast_report = prepare_dataset(dataset.select(range(2)), tiny_processor, max_length=None,
-                                                 chat_template=_multimodal(tiny_processor, "llama3.2"))
+                                                 chat_template=multimodal_template(tiny_processor, "llama3.2"))
     assert fast_report.rendering == "fast" and fast_report.rows_rendered_fast == 2
 
 
@@ -127,12 +129,12 @@ def _wrap(processor, template):
 def test_one_date_for_a_whole_preparation(tiny_processor):
     import datetime
 
-    renderer = ConversationRenderer(tiny_processor, _multimodal(tiny_processor, "llama3.2"))
+    renderer = ConversationRenderer(tiny_processor, multimodal_template(tiny_processor, "llama3.2"))
     today = datetime.datetime.now().strftime("%d %b %Y")
     assert renderer.template_kwargs["date_string"] == today  # fixed once: a run over midnight keeps one date
     text, _ = renderer.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}], 0)
     assert f"Today Date: {today}" in text
-    assert "date_string" not in ConversationRenderer(tiny_processor, _multimodal(tiny_processor, "qwen2.5")
+    assert "date_string" not in ConversationRenderer(tiny_processor, multimodal_template(tiny_processor, "qwen2.5")
                                                      ).template_kwargs
 
 
@@ -140,7 +142,7 @@ def test_one_date_for_a_whole_preparation(tiny_processor):
 def test_an_answer_holding_the_text_after_it_is_located_as_jinja_locates_it(tiny_processor, name):
     """Spans of a fast-rendered row come from where its contents lie, except where the placeholder rendering's
     search for the text after an answer would stop inside the answer: then both paths give that search's spans."""
-    template = _multimodal(tiny_processor, name)
+    template = multimodal_template(tiny_processor, name)
     fast = ConversationRenderer(tiny_processor, template)
     exact = ConversationRenderer(tiny_processor, template, fast=False)
     plain = [{"role": "user", "content": "q one"}, {"role": "assistant", "content": "a one"},

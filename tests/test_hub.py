@@ -1,6 +1,6 @@
-"""Publishing: push and pull through the real huggingface_hub client against a local Hub server (tests/hub_server.py),
+"""Publishing: push and pull through the real huggingface_hub client against a local Hub server (tests/support/hub_server.py),
 loading with trust_remote_code in a process where this package cannot be imported (the self-check's own
-``run_without_package``, through tests/isolation.py), and the folder self-check.
+``run_without_package``, through tests/support/isolation.py), and the folder self-check.
 
 The expensive part (pushes, a 2-step TRL training run with push_to_hub, one fresh-process load of everything) runs
 once, in the module fixture ``published``; the tests read its results.
@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hub_server import HubServer
-from isolation import run_isolated
+from PIL import Image
+from safetensors.torch import load_file, save_file
+from transformers import AutoProcessor
+
 from llava_normaligned.hub_cards import selfcheck
 from llava_normaligned.hub_cards.card import CardOptions
 from llava_normaligned.hub_cards.push import PullError, PushError, pull, push, push_main
@@ -37,11 +39,9 @@ from llava_normaligned.hub_cards.selfcheck import (
     run_without_package,
     self_check,
 )
-from PIL import Image
-from safetensors.torch import load_file, save_file
-from transformers import AutoProcessor
-
 from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+from tests.support.hub_server import HubServer
+from tests.support.isolation import run_isolated
 
 # Shaped like real Hub tokens ("hf_" + 34 characters), so that the pattern scan sees them too.
 ALICE = "hf_" + "aliceTestToken0123456789abcdefghij"[:34]

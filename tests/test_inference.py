@@ -12,15 +12,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hub_server import HubServer
-from isolation import run_isolated
-from llava_normaligned.hub_cards.selfcheck import run_without_package
-from numerics import F32_EPS, assert_close_scaled
 from PIL import Image
-from processes import CONSOLE
 from torch import nn
 
 from llava_normaligned.generation import generate_batch, prepare_inputs, stream_answer
+from llava_normaligned.hub_cards.selfcheck import run_without_package
 from llava_normaligned.loading import (
     KEEP_UNQUANTIZED,
     QUANTIZED_ROOT,
@@ -29,6 +25,10 @@ from llava_normaligned.loading import (
     verify_quantization,
 )
 from llava_normaligned.serving.generate import main
+from tests.support.hub_server import HubServer
+from tests.support.isolation import run_isolated
+from tests.support.numerics import F32_EPS, assert_close_scaled
+from tests.support.processes import CONSOLE
 
 bnb = pytest.importorskip("bitsandbytes")  # a dev install has it (pyproject [dev]); the error path is tested below
 BNB_LINEAR = {"4bit": bnb.nn.Linear4bit, "8bit": bnb.nn.Linear8bitLt}

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+
 from llava_normaligned.trainer.data import DataError
 from llava_normaligned.trainer.data.llava_json import JSON_BUFFER, _iter_json_rows, _parse_json_rows_whole
 

@@ -3,7 +3,7 @@
 lmms-eval cannot live in the test environment itself: its hard requirement on torchvision pulls a build that does
 not import with the CPU torch. It is installed once into a separate virtual environment that sees this one's
 packages (``lmms_python``), as docs/evaluation.md tells a CPU user to; every lmms-eval run is a real subprocess on
-data sets written into the offline ``datasets`` cache under lmms-eval's own dataset ids (eval_fixtures.py).
+data sets written into the offline ``datasets`` cache under lmms-eval's own dataset ids (tests/support/eval_fixtures.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import sysconfig
 import time
 
 import pytest
-from eval_fixtures import answer_table, use_fixed_answers, write_copy, write_lmms_cache
+
+from tests.support.eval_fixtures import answer_table, use_fixed_answers, write_copy, write_lmms_cache
 
 pytestmark = pytest.mark.slow
 
@@ -323,10 +324,9 @@ def test_plugin_and_runner_share_the_rules(lmms_python, tiny_model_dir, tmp_path
     the inputs where the plugin's earlier rule differed: a question with outer white space, LLaVA's tag beside
     another family's image token), the same answers, extracted and judged by the same rules to the same records and
     score; for log-likelihoods the same numbers, choices and score."""
-    import eval_fixtures
-
     from llava_normaligned.evaluation.extraction import normalize_answer
     from llava_normaligned.evaluation.tasks import TASKS
+    from tests.support import eval_fixtures
 
     questions = ["<image>\nWhat colour is the shape?", "What shape is it?\n<image>", "  How many shapes are there?\n",
                  "<image>\nIs it on the left?"]

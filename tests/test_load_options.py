@@ -12,7 +12,6 @@ import logging
 import os
 
 import pytest
-from test_train_support import write_llava_dataset
 
 from llava_normaligned.cli import COMMANDS
 from llava_normaligned.console import BadInput
@@ -24,6 +23,7 @@ from llava_normaligned.loading import (
     load_model,
     parse_dtype,
 )
+from tests.support.training import write_llava_dataset
 
 # the commands that load a model, with the least argv each parses
 LOADING_COMMANDS = {"generate": ["M", "--prompt", "hi"], "diagnose": ["M"], "eval": ["M"]}

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from numerics import F32_EPS, F64_EPS, assert_close_scaled
 from PIL import Image
 from transformers import LlavaForConditionalGeneration
 
@@ -18,6 +17,7 @@ from modeling_llava_normaligned import (
     model_norm_target,
     text_embedding_norm_target,
 )
+from tests.support.numerics import F32_EPS, F64_EPS, assert_close_scaled
 
 VISION = dict(
     model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
-from llava_normaligned.trainer.data import load_llava_json
-from llava_normaligned.trainer.train import StageConfig, clip_parts, train_stage
-from test_train_support import cpu_config, snapshot, write_llava_dataset
 
 from llava_normaligned.part_metrics import clip_coefficient, part_parameters
+from llava_normaligned.trainer.data import load_llava_json
+from llava_normaligned.trainer.train import StageConfig, clip_parts, train_stage
+from tests.support.training import cpu_config, snapshot, write_llava_dataset
 
 LR = 0.05
 

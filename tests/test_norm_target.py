@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llava_normaligned.hub_cards.card import norm_statistics, read_checkpoint
 from transformers import AutoProcessor
 
 from llava_normaligned.compose import compose, convert_from_llava, save, stock_llava_like
 from llava_normaligned.diagnostics.probes import text_embedding_norm as diagnose_text_norm
 from llava_normaligned.families.probe_points import locate
+from llava_normaligned.hub_cards.card import norm_statistics, read_checkpoint
 from llava_normaligned.part_metrics import text_embedding_norm as tracked_text_norm
 from modeling_llava_normaligned import (
     LlavaNormAlignedForConditionalGeneration,

@@ -107,9 +107,8 @@ def test_compose_and_convert_flags_parse_into_a_variant():
 
 
 def test_compose_convert_and_train_offer_the_same_options():
-    from llava_normaligned.trainer.arguments import StageArguments, make_parser
-
     from llava_normaligned.assembly.commands import make_compose_parser, make_convert_parser
+    from llava_normaligned.trainer.arguments import StageArguments, make_parser
 
     for parser in (make_compose_parser(), make_convert_parser(), make_parser()):
         dests = {action.dest for action in parser._actions}  # argparse's list of a parser's actions
@@ -127,7 +126,7 @@ FAST = ["--max_steps", "1", "--per_device_train_batch_size", "2", "--report_to",
 
 def _stage1(tiny_parts, tmp_path, *extra) -> list[str]:
     """``train`` stage 1 composing the tiny parts on the spot, on a tiny dataset."""
-    from test_train_support import write_llava_dataset
+    from tests.support.training import write_llava_dataset
 
     vision, text = tiny_parts
     data, images = write_llava_dataset(tmp_path / "data", n_rows=2, text_only=0)
@@ -171,7 +170,6 @@ def test_train_refuses_a_bad_variant_by_its_option(tiny_parts, tmp_path, capsys)
 
 def test_stage1_variant_on_a_checkpoint_rebuilds_the_norm_and_stage2_refuses_it(tiny_model_dir):
     from llava_normaligned.trainer.starting_point import apply_norm_variant, describe_variant
-
     from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
     model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)

@@ -28,10 +28,10 @@ import shutil
 
 import pytest
 import torch
-from isolation import run_isolated
-from test_train_support import changed, snapshot, write_llava_dataset
 
 from llava_normaligned.cli import main as cli_main
+from tests.support.isolation import run_isolated
+from tests.support.training import changed, snapshot, write_llava_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

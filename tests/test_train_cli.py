@@ -10,10 +10,11 @@ import sys
 
 import pytest
 import torch
+
 from llava_normaligned.trainer.arguments import accumulation_steps, parse_train_args, recipe_names
 from llava_normaligned.trainer.train import SUMMARY_FILE, main
-from processes import console_script
-from test_train_support import write_llava_dataset
+from tests.support.processes import console_script
+from tests.support.training import write_llava_dataset
 
 FAST = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
         "--gradient_checkpointing", "False", "--disable_tqdm", "True"]
@@ -114,8 +115,9 @@ def test_recipe_plus_ablation_file_and_global_batch_check(monkeypatch):
 
 
 def test_trl_sft_cli_fine_tunes_a_saved_checkpoint_folder(tiny_model_dir, data, tmp_path):
-    from llava_normaligned.trainer.data import load_llava_json
     from safetensors.torch import load_file
+
+    from llava_normaligned.trainer.data import load_llava_json
 
     path, images = data
     parquet = tmp_path / "parquet"

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+
 from llava_normaligned.trainer.collator import IGNORE_INDEX, ImageDecodeError, LlavaTrainingCollator
 from llava_normaligned.trainer.data import (
     DataError,
@@ -17,7 +18,7 @@ from llava_normaligned.trainer.data import (
 )
 from llava_normaligned.trainer.masking import has_generation_markers
 from llava_normaligned.trainer.preprocess import prepare_dataset
-from test_train_support import write_llava_dataset
+from tests.support.training import write_llava_dataset
 
 
 def _write(path, rows):
@@ -261,10 +262,11 @@ def test_image_that_fails_to_decode_in_training(tiny_processor, dataset_files, t
 @pytest.mark.parametrize("kind", ["siglip", "clip"])
 def test_pixel_table_is_the_image_processors_arithmetic_bit_for_bit(tiny_processor, dataset_files, kind):
     import numpy as np
-    from llava_normaligned.trainer.collator import PixelTable
     from PIL import Image
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from llava_normaligned.trainer.collator import PixelTable
 
     image_processor = (SiglipImageProcessorPil(size={"height": 40, "width": 40}) if kind == "siglip" else
                        CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size={"height": 36, "width": 36}))

@@ -4,16 +4,13 @@ checked and the rows rendered once, by the main process, and shared."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import textwrap
 
 import torch
-from test_train_support import write_llava_dataset
+
+from tests.support.distributed import torchrun
+from tests.support.training import write_llava_dataset
 
 RANK_SCRIPT = textwrap.dedent('''
     import json, os, sys
@@ -45,41 +42,15 @@ RANK_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
-def _torchrun(script_text: str, tmp_path, *args) -> list[dict]:
-    """Run ``script_text`` on two ranks (``torchrun``, gloo, one thread each) with ``args`` and an output folder
-    ``tmp_path/out`` as its last argument; returns the ranks' ``rank{r}.json`` records."""
-    script = tmp_path / "rank_script.py"
-    script.write_text(script_text)
-    out = tmp_path / "out"
-    out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script), *args, str(out)]
-    # its own process group, so that a hang is cleaned up whole (the launcher and both ranks)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    try:
-        output, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(f"2-process DDP did not finish in 300 s:\n{output[-4000:]}") from None
-    assert proc.returncode == 0, output[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def test_two_process_ddp_on_cpu_ends_with_identical_weights(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
     path, images = write_llava_dataset(tmp_path / "data", n_rows=1, text_only=1, multi_turn_every=0)
-    ranks = _torchrun(RANK_SCRIPT, tmp_path, tiny_model_dir, path, images)
+    ranks = torchrun(RANK_SCRIPT, tmp_path, tiny_model_dir, path, images)
     out = tmp_path / "out"
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["pid"] != ranks[1]["pid"]
     assert all(r["world_size"] == 2 and r["backend"] == "gloo" and r["parallel_mode"] == "ParallelMode.DISTRIBUTED"
@@ -145,7 +116,7 @@ def test_two_process_ddp_deals_each_rank_its_share_of_every_grouped_step(tiny_mo
     one the order deals it (position ``(s x accumulation + a) x world + r``), every step holds one modality, and the
     ranks end with identical weights."""
     path, images = write_llava_dataset(tmp_path / "data", n_rows=16, text_only=8, multi_turn_every=2)
-    ranks = _torchrun(GROUPED_RANK_SCRIPT, tmp_path, tiny_model_dir, path, images)
+    ranks = torchrun(GROUPED_RANK_SCRIPT, tmp_path, tiny_model_dir, path, images)
     out = tmp_path / "out"
     order = ranks[0]["order"]
     assert ranks[1]["order"] == order and sorted(order) == sorted(

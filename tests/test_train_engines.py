@@ -31,8 +31,9 @@ import sys
 
 import pytest
 import torch
-from numerics import F32_EPS
-from test_train_support import write_llava_dataset
+
+from tests.support.numerics import F32_EPS
+from tests.support.training import write_llava_dataset
 
 CONFIGS = os.path.join(os.path.dirname(__file__), os.pardir, "trainer", "accelerate_configs")
 ENGINES = {"fsdp": "fsdp.yaml", "zero2": "deepspeed_zero2.yaml", "zero3": "deepspeed_zero3.yaml"}
@@ -195,6 +196,7 @@ def _assert_sharded(engine, summary):
 
 def test_fsdp_wraps_the_listed_layer_classes_the_model_has(tiny_model):
     from accelerate.utils import FullyShardedDataParallelPlugin
+
     from llava_normaligned.trainer.engines import fit_fsdp_wrap_classes
 
     # the shipped config's list, which names layers of four model families
@@ -265,6 +267,7 @@ def test_engine_trains_both_stages_like_one_process_and_resumes(engine, ramp_mod
 
 def test_deepspeed_cpu_run_skips_the_shm_allreduce_op_only_without_tensor_parallelism(tmp_path, monkeypatch):
     import deepspeed.ops
+
     from llava_normaligned.trainer.engines import (
         SHM_ALLREDUCE_OP,
         cpu_engine_settings,

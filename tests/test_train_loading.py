@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 import torch
-from llava_normaligned.trainer.starting_point import load_checkpoint
 from safetensors.torch import load_file, save_file
 
 from llava_normaligned.compose import stock_llava_like
+from llava_normaligned.trainer.starting_point import load_checkpoint
 
 
 def _drop_weights(folder, predicate) -> list[str]:

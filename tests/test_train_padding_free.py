@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from llava_normaligned.trainer.collator import LlavaTrainingCollator
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.padding_free import (
@@ -15,8 +16,8 @@ from llava_normaligned.trainer.padding_free import (
 )
 from llava_normaligned.trainer.preprocess import prepare_dataset
 from llava_normaligned.trainer.train import StageConfig, train_stage
-from numerics import assert_close_scaled
-from test_train_support import cpu_config, write_llava_dataset
+from tests.support.numerics import assert_close_scaled
+from tests.support.training import cpu_config, write_llava_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,14 +7,15 @@ import os
 
 import pytest
 import torch
+from trl import ModelConfig
+
 from llava_normaligned.trainer.collator import LlavaTrainingCollator
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.lora import stage2_lora_config
 from llava_normaligned.trainer.preprocess import prepare_dataset
 from llava_normaligned.trainer.starting_point import load_checkpoint
 from llava_normaligned.trainer.train import train_stage
-from test_train_support import cpu_config, snapshot, write_llava_dataset
-from trl import ModelConfig
+from tests.support.training import cpu_config, snapshot, write_llava_dataset
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +83,10 @@ def test_qlora_on_cpu_quantizes_only_the_llm_and_trains(tiny_model_dir, tiny_pro
 
 
 def test_train_cli_qlora_with_merged_output(tiny_model_dir, tmp_path):
-    from llava_normaligned.trainer.train import main
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
+
+    from llava_normaligned.trainer.train import main
 
     path, images = write_llava_dataset(tmp_path / "data", n_rows=8, text_only=0)
     out = tmp_path / "qlora"
@@ -105,8 +107,9 @@ def test_train_cli_qlora_with_merged_output(tiny_model_dir, tmp_path):
 def test_train_vision_under_peft_follows_the_adapters(tiny_model_dir):
     """Under PEFT the vision tower trains through adapters (``lora_vision``); ``train_vision=False`` freezes them,
     ``train_vision=True`` without them is refused rather than ignored."""
-    from llava_normaligned.trainer.stages import freeze_stage2
     from peft import get_peft_model
+
+    from llava_normaligned.trainer.stages import freeze_stage2
 
     def peft_model(lora_vision):
         model, _ = load_checkpoint(tiny_model_dir)

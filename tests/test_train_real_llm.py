@@ -66,12 +66,12 @@ def test_compose_takes_the_folder_with_t_of_the_real_embeddings(workspace):
 
 
 def test_train_both_stages_with_smollm2_s_template(workspace, capsys):
-    from llava_normaligned.trainer.collator import IGNORE_INDEX, LlavaTrainingCollator
-    from llava_normaligned.trainer.data import load_llava_json
-    from llava_normaligned.trainer.preprocess import prepare_dataset
     from transformers import AutoProcessor
 
     from llava_normaligned.cli import main
+    from llava_normaligned.trainer.collator import IGNORE_INDEX, LlavaTrainingCollator
+    from llava_normaligned.trainer.data import load_llava_json
+    from llava_normaligned.trainer.preprocess import prepare_dataset
 
     root, dataset = workspace
     common = ["--image-folder", dataset.root, "--max_steps", "2", "--per_device_train_batch_size", "2",

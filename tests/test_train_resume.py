@@ -4,21 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.train import StageConfig, train_stage
-from test_train_support import cpu_config, write_llava_dataset
-from transformers import TrainerCallback
-
-
-class StopAfter(TrainerCallback):
-    """Interrupts training after `step` optimizer steps, as a crash would (the schedule stays the full run's)."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
+from tests.support.training import StopAfter, cpu_config, write_llava_dataset
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_processor, tmp_path):

@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from llava_normaligned.trainer.sampling import LengthGroupedOrder, grouped_order_for, padding_fraction
-from test_train_support import cpu_config, write_llava_dataset
+from tests.support.training import cpu_config, write_llava_dataset
 
 
 def mix_like_lengths(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -150,9 +151,8 @@ def test_a_resumed_run_sees_the_rows_of_the_uninterrupted_run(tiny_model_dir, ti
     """Over two epochs (the resume falls in the second), with gradient accumulation and padding-free batches."""
     from llava_normaligned.trainer.data import load_llava_json
     from llava_normaligned.trainer.train import StageConfig, prepare_stage, run_stage
-    from test_train_resume import StopAfter
-
     from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+    from tests.support.training import StopAfter
 
     path, images = write_llava_dataset(tmp_path / "data", n_rows=12, text_only=4, multi_turn_every=2)
     dataset = load_llava_json(path, images)

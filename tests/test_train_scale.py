@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+
 from llava_normaligned.trainer import data as data_module
 from llava_normaligned.trainer import preprocess
 from llava_normaligned.trainer.data import ImageRefs, find_bad_images, load_llava_json

@@ -26,10 +26,10 @@ import time
 
 import pytest
 import torch
-from processes import send_or_skip, spawn_console, wait_after_signal
-from test_train_support import write_llava_dataset
 
 from llava_normaligned.console import TERMINATED
+from tests.support.processes import send_or_skip, spawn_console, wait_after_signal
+from tests.support.training import write_llava_dataset
 
 MAX_STEPS = 40  # the interrupted run is signalled after 3 logged steps: it must not have finished by then
 SIGNAL_AFTER = 3  # logged steps
@@ -301,8 +301,9 @@ def _ranks_agree(rank: int, init_method: str, out: str) -> None:
     from types import SimpleNamespace
 
     import torch.distributed as dist
-    from llava_normaligned.trainer.callbacks import SigtermCheckpoint
     from transformers.trainer_callback import TrainerControl, TrainerState
+
+    from llava_normaligned.trainer.callbacks import SigtermCheckpoint
 
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
     args, runs = SimpleNamespace(device=torch.device("cpu")), []

@@ -8,16 +8,16 @@ import os
 
 import pytest
 import torch
+
+from llava_normaligned.compose import stock_llava_like
+from llava_normaligned.part_metrics import text_embedding_norm, vision_text_norm_ratio
 from llava_normaligned.trainer.callbacks import NORM_TRACKING_FILE
 from llava_normaligned.trainer.collator import LlavaTrainingCollator
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.preprocess import prepare_dataset
 from llava_normaligned.trainer.stages import freeze_stage1, unused_vision_parameters
 from llava_normaligned.trainer.train import SUMMARY_FILE, StageConfig, train_stage
-from test_train_support import changed, cpu_config, snapshot, write_llava_dataset
-
-from llava_normaligned.compose import stock_llava_like
-from llava_normaligned.part_metrics import text_embedding_norm, vision_text_norm_ratio
+from tests.support.training import changed, cpu_config, snapshot, write_llava_dataset
 
 PROJECTOR_PARAMS = {
     f"model.multi_modal_projector.{name}"
@@ -234,10 +234,10 @@ def test_the_stage_trainer_overrides_no_private_trainer_method():
     """What LlavaStageTrainer changes goes through the Trainer's public hooks (training_step, compute_loss, log,
     create_optimizer, save_model); the two private Trainer methods it needs are ``compat.TrainerHooks``'s (pinned in
     tests/test_compat.py), so a transformers or TRL release that renames one fails there, not silently here."""
-    from llava_normaligned.trainer.train import LlavaStageTrainer
     from trl import SFTTrainer
 
     from llava_normaligned.compat import TrainerHooks
+    from llava_normaligned.trainer.train import LlavaStageTrainer
 
     overridden = {name for name, value in vars(LlavaStageTrainer).items()
                   if callable(value) and name.startswith("_") and not name.startswith("__") and hasattr(SFTTrainer, name)}
@@ -270,7 +270,7 @@ def test_part_gradient_norms_are_read_after_the_last_accumulated_micro_batch(tin
 def test_the_callers_sftconfig_is_not_changed(tiny_model, tiny_processor, dataset, tmp_path):
     """The fields the pipeline owns (remove_unused_columns, assistant_only_loss, ...), the chat template path it
     consumes and DDP's unused-parameter search are set on a copy: the same SFTConfig can start another stage."""
-    from test_train_templates import LLAMA_3_2
+    from tests.support.templates import LLAMA_3_2
 
     template_file = tmp_path / "llama3.2.jinja"
     template_file.write_text(LLAMA_3_2)
@@ -310,10 +310,10 @@ def test_rows_skipped_counts_training_batches_only(tiny_model, tiny_processor, t
 def test_chat_template_path_is_used_for_training_and_saved(tiny_model, tiny_processor, dataset, tmp_path):
     """``--chat_template_path`` is applied before the rows are rendered (also when the processor has none), and the
     saved processor carries the template the model was trained with."""
-    from test_train_templates import LLAMA_3_2
     from transformers import AutoProcessor
 
     from llava_normaligned.compose import multimodal_chat_template
+    from tests.support.templates import LLAMA_3_2
 
     template_file = tmp_path / "llama3.2.jinja"
     template_file.write_text(LLAMA_3_2)

@@ -15,11 +15,11 @@ from trl_floor_check import train_checks  # noqa: E402
 
 
 def main(workdir: str) -> None:
-    from llava_normaligned.trainer.collator import PixelTable
     from PIL import Image
 
     from llava_normaligned.generation import generate_batch
     from llava_normaligned.loading import load_model
+    from llava_normaligned.trainer.collator import PixelTable
 
     report, result = train_checks(workdir, save_final=True)
     batch = next(iter(result.trainer.get_train_dataloader()))

@@ -17,13 +17,13 @@ def train_checks(workdir: str, *, save_final: bool = False) -> tuple[dict, objec
     import torch
     import transformers
     import trl
-    from llava_normaligned.trainer.data import load_llava_json
-    from llava_normaligned.trainer.train import StageConfig, train_stage
     from trl import SFTConfig, SFTTrainer
 
     from llava_normaligned.compose import compose, stock_llava_like
     from llava_normaligned.demo.synthetic import SyntheticSpec, make_dataset
     from llava_normaligned.tiny import save_tiny_parts
+    from llava_normaligned.trainer.data import load_llava_json
+    from llava_normaligned.trainer.train import StageConfig, train_stage
 
     torch.manual_seed(0)
     data = make_dataset(os.path.join(workdir, "data"), SyntheticSpec(train_per_template=16, test_per_template=16),

@@ -111,9 +111,9 @@ class LengthGroupedOrder(torch.utils.data.Sampler):
         dealt to the ranks."""
         micro = self._sorted(rows).reshape(-1, self.micro_batch)  # (micro-batches, B), longest first
         per_step = self.micro_batches_per_step
-        return [self._deal(micro[i:i + per_step]) for i in range(0, len(micro), per_step)]
+        return [self._in_rank_order(micro[i:i + per_step]) for i in range(0, len(micro), per_step)]
 
-    def _deal(self, micro: np.ndarray) -> np.ndarray:
+    def _in_rank_order(self, micro: np.ndarray) -> np.ndarray:
         """One step's micro-batches (longest first) in the order accelerate deals them: position ``a * world + r``
         is rank ``r``'s ``a``-th micro-batch. The ranks take them in a snake order (0, 1, ..., W-1, W-1, ..., 0, ...)
         so that each rank's share of the step is about as long as the others'."""

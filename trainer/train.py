@@ -39,8 +39,8 @@ from llava_normaligned.console import BadInput, keep_notices_of
 from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.io import write_json_atomic
 from llava_normaligned.loading import LoadOptions
+from llava_normaligned.local_paths import hide_local_paths, public_name, public_record
 from llava_normaligned.part_metrics import gain_statistics, part_gradient_norms, part_parameters
-from llava_normaligned.public_names import hide_local_paths, public_name, public_record
 
 from .arguments import (
     StageConfig,
@@ -415,7 +415,7 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     groups = [{"name": g.get("name"), "lr": g.get("initial_lr", g["lr"]), "weight_decay": g["weight_decay"],
                "num_params": sum(p.numel() for p in g["params"])} for g in trainer.optimizer.param_groups]
-    # published with the model: names by Hub id or own name (llava_normaligned.public_names), in every string too
+    # published with the model: names by Hub id or own name (llava_normaligned.local_paths), in every string too
     return public_record({
         "stage": stage,
         "model_class": type(base).__name__,

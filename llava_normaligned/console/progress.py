@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -26,6 +27,20 @@ def progress_bars_on_terminals_only(stream=None) -> bool:
     are drawn."""
     if _is_terminal(sys.stderr if stream is None else stream):
         return True
+    user_set = {name for name in PROGRESS_BAR_SWITCHES if name in os.environ}
     for name in PROGRESS_BAR_SWITCHES:
         os.environ.setdefault(name, "1")
+    # a library imported already read its switch: turned off through its own public function
+    for name, module, holder, function in _ALREADY_IMPORTED:
+        if name not in user_set and module in sys.modules:
+            getattr(importlib.import_module(holder), function)()
     return False
+
+
+# (the environment switch, the library, the module of its switch-off function, the function) of each library that
+# reads its switch when it is imported
+_ALREADY_IMPORTED = (
+    ("HF_DATASETS_DISABLE_PROGRESS_BARS", "datasets", "datasets", "disable_progress_bars"),
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "huggingface_hub", "huggingface_hub.utils", "disable_progress_bars"),
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "transformers", "transformers.utils.logging", "disable_progress_bar"),
+)

@@ -244,7 +244,7 @@ def compose_variant(parts: Parts, variant: Variant, seed: int = 0):
     draw_projector(model, seed)
     llm = parts.info.get("llm")
     if llm:  # a real LLM: the composed model names it as its text part (the model card's base model)
-        from llava_normaligned.public_names import public_name
+        from llava_normaligned.local_paths import public_name
 
         model.config.text_config.name_or_path = public_name(llm["origin"])
     return model, processor

@@ -50,7 +50,7 @@ class TextModelSource:
         """How the report names the LLM."""
         if self.gguf_file:
             return f"{self.origin} ({self.gguf_file} from the {GGUF_PACKAGE.replace('_', '-')} package, dequantized)"
-        from llava_normaligned.public_names import public_name
+        from llava_normaligned.local_paths import public_name
 
         return public_name(self.name)  # a local folder by its own name: the report may be published
 

@@ -95,7 +95,7 @@ def image_token_id(config) -> int | None:
 def compare_embeddings(vlm_id: str, base_id: str, *, revision=None, base_revision=None, trust_remote_code=None,
                        top_k: int = 10) -> dict:
     """Appendix C's numbers for ``base_id`` (the pure-text LLM) and ``vlm_id`` (the VLM built on it)."""
-    from ..public_names import public_name
+    from ..local_paths import public_name
     from .probes import embedding_table_stats
 
     base_weight, base_tokenizer, _ = read_embeddings(base_id, base_revision, trust_remote_code)
@@ -163,7 +163,7 @@ MARKDOWN_NAME = "embedding_comparison.md"
 
 def write(comparison: dict, output_dir: str) -> list[str]:
     from ..io import write_json_atomic, write_text_atomic
-    from ..public_names import public_record
+    from ..local_paths import public_record
     from .report import json_safe
 
     comparison = public_record(json_safe(comparison))

@@ -3,7 +3,7 @@
 Every file is written to a temporary name and renamed into place, so a crash never leaves a half-written file.
 The main model's numbers sit at the top level of the JSON; the baseline's, when given, under ``baseline``.
 These files are embedded in model cards and published with a checkpoint, so they name models and inputs by Hub id
-or by a file's or folder's own name, never by a path on this machine (``llava_normaligned.public_names``).
+or by a file's or folder's own name, never by a path on this machine (``llava_normaligned.local_paths``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from datetime import datetime, timezone
 
 from ..io import write_json_atomic, write_text_atomic
-from ..public_names import public_name, public_record
+from ..local_paths import public_name, public_record
 
 FORMAT = "llava-normaligned-diagnostics/1"
 JSON_NAME = "diagnostics.json"

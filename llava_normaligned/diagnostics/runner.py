@@ -237,7 +237,7 @@ def diagnose_batch(points: ProbePoints, batch: Batch, config: DiagnoseConfig, ac
 
 
 def _model_facts(model_id: str, revision, points: ProbePoints) -> dict:
-    from ..public_names import public_name
+    from ..local_paths import public_name
 
     config = points.model.config
     text_config = getattr(config, "text_config", config)

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from ..public_names import public_name
+from ..local_paths import public_name
 from . import provenance
 from .report import ResultsWriter, load_baseline
 from .runner import EvalConfig, EvalSetupError, check_output, results_header

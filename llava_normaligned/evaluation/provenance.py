@@ -2,7 +2,7 @@
 
 results.json (and the results.md beside it) is published with the model, so it names no local folder: a model
 given as a folder is recorded by the folder's own name (a Hub id as it is), ``--data-dir`` / ``--baseline`` by
-theirs (``llava_normaligned.public_names``). What ``--resume`` must be sure of, that the earlier samples came from
+theirs (``llava_normaligned.local_paths``). What ``--resume`` must be sure of, that the earlier samples came from
 the same model, data and settings, is compared by content rather than by path:
 
 - the model: a SHA-256 over the files at the top of its folder (weights, configs, tokenizer, chat template, code;
@@ -21,7 +21,7 @@ import logging
 import os
 import time
 
-from ..public_names import public_name
+from ..local_paths import public_name
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _NOT_MODEL_FILES = frozenset({
 })
 
 
-# ---- what is published (the rule itself: llava_normaligned.public_names) ----
+# ---- what is published (the rule itself: llava_normaligned.local_paths) ----
 def installed_version(distribution: str) -> str | None:
     """The installed version of a distribution (``llava-normaligned``, ``lmms-eval``), None when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version

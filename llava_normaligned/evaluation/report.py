@@ -17,7 +17,7 @@ import os
 from datetime import datetime, timezone
 
 from ..io import write_json_atomic, write_text_atomic
-from ..public_names import public_record
+from ..local_paths import public_record
 from .tasks import PAPER_TASKS, TASKS
 
 RESULTS_FORMAT = "llava-normaligned-eval/2"

@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
-from ..public_names import hide_local_paths, public_name
+from ..local_paths import hide_local_paths, public_name
 from . import provenance
 from .data import LoadedSplit, load_split, save_split
 from .report import ResultsWriter, load_baseline

@@ -7,6 +7,7 @@ import json
 import os
 
 import torch
+from transformers import TrainerCallback
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
 
@@ -53,3 +54,14 @@ def snapshot(model) -> dict[str, torch.Tensor]:
 
 def changed(before: dict, model) -> set[str]:
     return {name for name, param in model.named_parameters() if not torch.equal(before[name], param.detach())}
+
+
+class StopAfter(TrainerCallback):
+    """Interrupts training after `step` optimizer steps, as a crash would (the schedule stays the full run's)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True

@@ -1,4 +1,4 @@
-"""Records never name the machine: the one rule (``llava_normaligned.public_names``), every record of a trained,
+"""Records never name the machine: the one rule (``llava_normaligned.local_paths``), every record of a trained,
 diagnosed and evaluated folder written by the real commands, and push's refusal of a folder whose records still name
 a local path."""
 
@@ -10,17 +10,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import eval_fixtures
 import pytest
-from hub_server import HubServer
+
+from llava_normaligned.cli import main as cli_main
 from llava_normaligned.hub_cards.card import CardOptions, render_card
 from llava_normaligned.hub_cards.push import push, push_main
 from llava_normaligned.hub_cards.selfcheck import LocalPathError, plan_upload, safetensors_header, self_check
+from llava_normaligned.local_paths import hide_local_paths, is_hub_id, local_paths_in, public_name, public_record
 from llava_normaligned.trainer.data import default_cache_dir
-from test_train_support import write_llava_dataset
-
-from llava_normaligned.cli import main as cli_main
-from llava_normaligned.public_names import hide_local_paths, is_hub_id, local_paths_in, public_name, public_record
+from tests.support import eval_fixtures
+from tests.support.hub_server import HubServer
+from tests.support.training import write_llava_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

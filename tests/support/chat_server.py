@@ -12,7 +12,8 @@ import threading
 import time
 
 import pytest
-from processes import spawn_console
+
+from tests.support.processes import spawn_console
 
 SERVING = "llava-normaligned chat: serving "
 QUESTION = "what colour is the shape ?"
