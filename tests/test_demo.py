@@ -516,5 +516,5 @@ def test_bad_seed_count_is_one_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         demo_main(["--output-dir", str(tmp_path / "out"), "--seeds", "0"])
     assert exit_info.value.code == 2
-    assert "--seeds must be positive, got 0" in capsys.readouterr().err
+    assert "--seeds must be at least 1, got 0" in capsys.readouterr().err  # the rule every command states
     assert not (tmp_path / "out").exists()  # nothing written

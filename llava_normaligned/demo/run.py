@@ -51,7 +51,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from llava_normaligned.console import CommandParser
+from llava_normaligned.console import (
+    NON_NEGATIVE,
+    POSITIVE_COUNT,
+    SEED,
+    CommandParser,
+    check_numbers,
+    option_flag,
+)
 from llava_normaligned.io import write_json_atomic
 from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec
 
@@ -1139,13 +1146,9 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
                                                  ("stage2_steps", args.stage2_steps), ("batch_size", args.batch_size),
                                                  ("threads", args.threads), ("num_seeds", args.num_seeds))
                  if value is not None}
-    for name, value in overrides.items():
-        if value < 0 or (value == 0 and name not in ("seed", "threads")):
-            flag = "seeds" if name == "num_seeds" else name.replace("_", "-")
-            raise ValueError(f"--{flag} must be positive, got {value}")
+    check_numbers({name: value for name, value in vars(args).items() if value is not None}, DEMO_NUMBERS,
+                  flag=_demo_flag)
     if args.llm_layers is not None:
-        if args.llm_layers < 1:
-            raise ValueError(f"--llm-layers must be positive, got {args.llm_layers}")
         text = dataclasses.replace(config.parts.text, num_hidden_layers=args.llm_layers)
         overrides["parts"] = dataclasses.replace(config.parts, text=text)
     if args.rows is not None:
@@ -1159,6 +1162,16 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     return config
 
 
+# the demo's numeric options, checked with the rules every command uses (llava_normaligned.console.checks)
+DEMO_NUMBERS = {"seed": SEED, "stage1_steps": POSITIVE_COUNT, "stage2_steps": POSITIVE_COUNT,
+                "batch_size": POSITIVE_COUNT, "threads": NON_NEGATIVE, "num_seeds": POSITIVE_COUNT,
+                "llm_layers": POSITIVE_COUNT, "workers": POSITIVE_COUNT}
+
+
+def _demo_flag(name: str) -> str:
+    return "--seeds" if name == "num_seeds" else option_flag(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     from llava_normaligned.console import (  # bars on a terminal only
         arguments_accepted,
@@ -1170,8 +1183,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-        if args.workers is not None and args.workers < 1:
-            raise ValueError(f"--workers must be positive, got {args.workers}")
     except ValueError as error:
         parser.error(str(error))
     arguments_accepted()
