@@ -137,9 +137,9 @@ def _watch_forwards(module) -> list[tuple[bool, bool]]:
 
 def _api_run(kind, work, tmp_path):
     from transformers import AutoProcessor
-    from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+    from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, KTOConfig, KTOTrainer
 
-    from llava_normaligned.trainer import NormTrackingCallback, preference_rows, prompt_rows
+    from llava_normaligned.trainer import NormTrackingCallback, kto_rows, preference_rows, prompt_rows
     from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
     model = LlavaNormAlignedForConditionalGeneration.from_pretrained(work / "ours")
@@ -152,6 +152,9 @@ def _api_run(kind, work, tmp_path):
     if kind == "dpo":  # given to the Trainer, which puts it after the reporting callbacks
         trainer = DPOTrainer(model=model, args=DPOConfig(**settings), processing_class=processor,
                              train_dataset=preference_rows(json_path, images), callbacks=[callback])
+    elif kind == "kto":
+        trainer = KTOTrainer(model=model, args=KTOConfig(**settings), processing_class=processor,
+                             train_dataset=kto_rows(json_path, images), callbacks=[callback])
     else:
         spec = importlib.util.spec_from_file_location("rewards_by_length", work / "rewards_by_length.py")
         rewards = importlib.util.module_from_spec(spec)
@@ -164,14 +167,14 @@ def _api_run(kind, work, tmp_path):
     return trainer, callback
 
 
-@pytest.mark.parametrize("kind", ["dpo", "grpo"])
+@pytest.mark.parametrize("kind", ["dpo", "grpo", "kto"])
 def test_trl_trainer_with_the_callback_reports_the_norm_and_counts_training_forwards_only(kind, work, tmp_path):
     trainer, callback = _api_run(kind, work, tmp_path)
     handler = trainer.callback_handler.callbacks
     reporting = [type(c).__name__ for c in handler]
     assert "TensorBoardCallback" in reporting and "PrinterCallback" in reporting
     # given to the Trainer: it moved to the front at the Trainer's on_init_end; added later: at on_train_begin
-    assert (handler.index(callback) == 0) == (kind == "dpo")
+    assert (handler.index(callback) == 0) == (kind != "grpo")
     policy = _watch_forwards(trainer.model.model.multi_modal_projector.norm)
     reference = _watch_forwards(trainer.ref_model.model.multi_modal_projector.norm)
     before = snapshot(trainer.model)

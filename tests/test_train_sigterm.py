@@ -339,3 +339,27 @@ def test_ranks_stop_at_the_same_step(tmp_path):
         assert [r["stops"] for r in runs] == [[3], [3]], signalled
         assert [r["stopped_at"] for r in runs] == [3, 3], signalled
         assert [r["requested"] for r in runs] == [r == signalled for r in (0, 1)], signalled
+
+
+def test_sigterm_while_dpo_trains_checkpoints_and_exits_143(tiny_model_dir, data, tmp_path):
+    """The commands that mirror TRL's scripts stop as `train` does: `llava-normaligned dpo`, signalled after a few
+    steps, ends the step with a checkpoint, saves no final model, names the checkpoint in one line, exit code 143."""
+    from llava_normaligned.trainer.rl_data import preference_rows, save_rows
+
+    pairs = tmp_path / "pairs"
+    save_rows(preference_rows(data[0], data[1]), str(pairs))
+    out = tmp_path / "dpo"
+    child = Child(["dpo", "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs), "--output_dir",
+                   str(out), "--max_steps", str(MAX_STEPS), "--per_device_train_batch_size", "2", "--seed", "0",
+                   "--learning_rate", "1e-3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+                   "--disable_tqdm", "True"])
+    child.wait_for(lambda: child.steps_logged() >= SIGNAL_AFTER, f"{SIGNAL_AFTER} logged steps")
+    assert child.signal_and_wait() == TERMINATED, child.stderr_tail()
+    said = child.said()
+    found = re.search(r"terminated \(SIGTERM\).*--resume_from_checkpoint (\S+checkpoint-(\d+))",
+                      said[0] if len(said) == 1 else "")
+    assert found and said[0].startswith("llava-normaligned dpo: error: "), child.stderr_tail()
+    step = int(found.group(2))
+    assert SIGNAL_AFTER <= step < MAX_STEPS and child.steps_logged() == step
+    assert json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())["global_step"] == step
+    assert not (out / "model.safetensors").exists() and not (out / "norm_tracking.json").exists()
