@@ -1,7 +1,8 @@
 """What machine a benchmark ran on, and its matmul peak: one home for every benchmark's record of the CPU.
 
 ``describe()`` names the CPU (model, the instruction-set flags that decide torch's CPU speed: AVX2, AVX-512,
-AVX512-BF16, AMX; the flags are read by ``trainer.engines.cpu_flags``, which ``train`` uses too), torch's kernel set
+AVX512-BF16, AMX; the model and the flags are read by ``trainer.engines.cpu_model`` and ``cpu_flags``, which ``train``
+and the demo use too), torch's kernel set
 and threads, and the load; ``matmul_peak()`` measures the best large-GEMM rate in a dtype, the denominator of a CPU's
 MFU.
 """
@@ -17,20 +18,8 @@ import torch
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")  # what decides torch's CPU speed
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux ``/proc/cpuinfo``), or the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def describe() -> dict:
-    from llava_normaligned.trainer.engines import cpu_flags, cpu_has_bf16_matmul
+    from llava_normaligned.trainer.engines import cpu_flags, cpu_has_bf16_matmul, cpu_model
 
     flags = cpu_flags()
     return {"cpu": cpu_model(), "cpu_flags": [flag for flag in FLAGS if flag in flags],
@@ -55,4 +44,4 @@ def matmul_peak(dtype: torch.dtype = torch.float32, size: int = 2048, repeats: i
     return 2.0 * size**3 / best / 1e9
 
 
-__all__ = ["FLAGS", "cpu_model", "describe", "matmul_peak"]
+__all__ = ["FLAGS", "describe", "matmul_peak"]
