@@ -3,7 +3,8 @@
 Importing this package registers the model with ``AutoConfig``, ``AutoModel`` and ``AutoModelForImageTextToText``
 (in this process) and marks the classes so that ``save_pretrained`` copies the configuration and modeling files
 next to the weights, which is what lets a saved folder load with ``trust_remote_code=True`` where this package is
-not installed. Only the two sibling files travel to the Hub; this ``__init__`` is the installed package's glue.
+not installed. Only the sibling files travel to the Hub (``REMOTE_CODE_FILES``: configuration, modeling and the two
+transformers hooks they use); this ``__init__`` is the installed package's glue.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText
@@ -14,8 +15,8 @@ from .modeling_llava_normaligned import *  # the model classes and the paper's q
 from .modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration, LlavaNormAlignedModel
 
 # The files that make up the remote code of a checkpoint.
-REMOTE_CODE_FILES = ("configuration_llava_normaligned.py", "modeling_llava_normaligned.py")
-# ... and of a stock VLM with the aligned norm (``llava-normaligned align``): these two plus the two above.
+REMOTE_CODE_FILES = ("configuration_llava_normaligned.py", "modeling_llava_normaligned.py", "transformers_hooks.py")
+# ... and of a stock VLM with the aligned norm (``llava-normaligned align``): these two plus the ones above.
 ALIGNED_REMOTE_CODE_FILES = ("configuration_normaligned_vlm.py", "modeling_normaligned_vlm.py", *REMOTE_CODE_FILES)
 
 

@@ -27,6 +27,7 @@ from transformers.models.llava.modeling_llava import (
 from transformers.utils import logging
 
 from .configuration_llava_normaligned import LlavaNormAlignedConfig
+from .transformers_hooks import loaded_by_from_pretrained
 
 logger = logging.get_logger(__name__)
 
@@ -333,7 +334,7 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
     @torch.no_grad()
     def initialize_weights(self):
         norm = self.get_projector_norm()
-        norm_was_set = norm is not None and getattr(norm.weight, "_is_hf_initialized", False)
+        norm_was_set = norm is not None and loaded_by_from_pretrained(norm.weight)
         super().initialize_weights()
         if norm is None or norm_was_set or self.config.norm_target is not None:
             return

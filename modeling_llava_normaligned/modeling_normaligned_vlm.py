@@ -35,6 +35,7 @@ from .configuration_normaligned_vlm import (
     aligned_config_class,
 )
 from .modeling_llava_normaligned import NormAlignedLayerNorm, fill_norm, gain_init, new_norm
+from .transformers_hooks import give_class
 
 _MODEL_CLASSES: dict = {}
 
@@ -128,7 +129,7 @@ def _install(model) -> None:
         connector.register_forward_hook(_connector_hook)
     else:  # "image_features": what get_image_features / get_video_features hand to the LLM
         base = getattr(model, model.base_model_prefix)
-        base.__class__ = _aligned_base_class(type(base))
+        give_class(base, _aligned_base_class(type(base)))
 
 
 def aligned_model_class(stock_model_type: str):

@@ -156,6 +156,28 @@ def test_init_weights_hook():
     assert layer.weight.abs().max() < 10 * std and layer.weight.std() > std / 2  # redrawn with the model's init
 
 
+def test_model_hub_hooks(tiny_model_dir):
+    """The model's own two hooks (modeling_llava_normaligned/transformers_hooks.py, pushed to the Hub with it),
+    pinned here as the package's are."""
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+    from modeling_llava_normaligned.transformers_hooks import give_class, loaded_by_from_pretrained
+
+    loaded = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)
+    built = LlavaNormAlignedForConditionalGeneration(loaded.config)
+    assert loaded_by_from_pretrained(loaded.get_projector_norm().weight)
+    assert not loaded_by_from_pretrained(built.get_projector_norm().weight)
+
+    class Louder(torch.nn.Linear):
+        def loud(self):
+            return "loud"
+
+    linear = torch.nn.Linear(2, 2)
+    give_class(linear, Louder)
+    assert isinstance(linear, Louder) and linear.loud() == "loud" and linear.weight.shape == (2, 2)
+    with pytest.raises(TypeError):
+        give_class(linear, torch.nn.Conv1d)
+
+
 # --------------------------------------------------------------------------------------------------- deepspeed
 
 

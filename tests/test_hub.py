@@ -256,8 +256,8 @@ def test_cli_push_uploads_what_users_need_and_pull_fetches_it(published, hub):
     v1_files = set(hub.store.repos["alice/tiny"].commits[published["v1"]].files)
     assert v1_files == {
         ".gitattributes", "README.md", "config.json", "generation_config.json", "model.safetensors",
-        "configuration_llava_normaligned.py", "modeling_llava_normaligned.py", "processor_config.json",
-        "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+        "configuration_llava_normaligned.py", "modeling_llava_normaligned.py", "transformers_hooks.py",
+        "processor_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
     }
     config = json.loads(hub.file_bytes("alice/tiny", "config.json", published["v1"]))
     assert set(config["auto_map"]) >= {"AutoConfig", "AutoModel", "AutoModelForImageTextToText"}

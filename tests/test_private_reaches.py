@@ -11,35 +11,9 @@ import pytest
 
 from tests.support.private_reaches import ROOT, SOURCES, private_reaches
 
-# The model's Hub files run where this package is not installed, so they cannot call compat's hooks; their reaches
-# into transformers are listed here, each with its reason, and the list may only shrink.
-MODEL_HUB_REACHES = {
-    "modeling_llava_normaligned/modeling_llava_normaligned.py": {
-        "getattr(..., '_is_hf_initialized')": "whether from_pretrained loaded the norm's gain (then T is not "
-                                               "recomputed from the embeddings)",
-    },
-    "modeling_llava_normaligned/modeling_normaligned_vlm.py": {
-        "assigns __class__": "an aligned LLaVA-NeXT/OneVision applies the norm to get_image_features' output: the "
-                             "base model's class is swapped for a subclass that overrides that method",
-    },
-}
-
-
-def _outside_the_known(reaches: list[str]) -> list[str]:
-    left = []
-    for line in reaches:
-        path, _, what = line.split(":", 2)
-        if what.strip() not in MODEL_HUB_REACHES.get(path, {}):
-            left.append(line)
-    return left
-
-
 def test_no_private_reach_outside_compat():
     reaches = private_reaches()
-    assert _outside_the_known(reaches) == [], "\n".join(reaches)
-    # the known ones are still there (a fixed one leaves the list)
-    found = {(line.split(":", 2)[0], line.split(":", 2)[2].strip()) for line in reaches}
-    assert {(path, what) for path, items in MODEL_HUB_REACHES.items() for what in items} <= found
+    assert reaches == [], "\n".join(reaches)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +24,8 @@ def test_no_private_reach_outside_compat():
         ("llava_normaligned/diagnostics/taps.py", "from transformers.trainer import _is_peft_model", "_is_peft_model"),
         ("llava_normaligned/serving/generate.py", "import torch._dynamo", "import torch._dynamo"),
         ("hub_cards/card.py", "def f(module, cls):\n    module.__class__ = cls", "assigns __class__"),
+        ("modeling_llava_normaligned/modeling_normaligned_vlm.py", "def f(p):\n    return p._is_hf_initialized",
+         "._is_hf_initialized"),
         ("llava_normaligned/compose.py", "def f(model, m):\n    model._init_weights(m)", "._init_weights"),
     ],
 )
@@ -59,11 +35,11 @@ def test_a_planted_reach_is_found(tmp_path, module, code, says):
                         ignore=shutil.ignore_patterns("__pycache__", "assets", "recipes", "templates"))
     with open(tmp_path / module, "a", encoding="utf-8") as f:
         f.write(f"\n\n{code}\n")
-    reaches = _outside_the_known(private_reaches(tmp_path))
+    reaches = private_reaches(tmp_path)
     assert len(reaches) == 1 and reaches[0].startswith(module) and says in reaches[0], reaches
 
 
 def test_the_scan_runs_as_a_command():
     result = subprocess.run([sys.executable, "-m", "tests.support.private_reaches"], cwd=ROOT, capture_output=True,
                             text=True, stdin=subprocess.DEVNULL, timeout=120)
-    assert "modeling_normaligned_vlm.py" in result.stdout and result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 0 and "no reach" in result.stdout, result.stdout + result.stderr
