@@ -305,7 +305,7 @@ def _negates(action) -> bool:
     return is_store_false(action) and any(o.startswith("--no") for o in action.option_strings)
 
 
-def _describe_negations(parser) -> None:
+def describe_negations(parser) -> None:
     """``HfArgumentParser`` gives a boolean flag's ``--no_X`` twin the help of ``--X`` word for word, so --help read
     as two flags doing the same thing: say what the twin does instead."""
     for action in parser_actions(parser):
@@ -330,7 +330,7 @@ def make_parser() -> TrlParser:
     _group_own_flags_first(parser)
     _add_sampling_strategies(parser)
     _load_flags_as_everywhere(parser)
-    _describe_negations(parser)
+    describe_negations(parser)
     return parser
 
 
@@ -442,7 +442,7 @@ def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, configs
 
 
-def _hardware_settings(namespace, bf16_asked: bool = False) -> dict:
+def hardware_settings(namespace, bf16_asked: bool = False) -> dict:
     """No GPU: train on the CPU in float32, or in bf16 autocast when ``--bf16 True`` is given on the command line (a
     recipe's ``bf16`` is for GPUs) and the CPU has bf16 matmul instructions (AMX or AVX512-BF16). Returns the fields
     to set (``use_cpu``, ``bf16``, ``fp16``; under a DeepSpeed launch ``ddp_backend`` too), empty with a GPU."""
@@ -607,7 +607,7 @@ def build_train_config(request: TrainRequest) -> TrainConfig:
     _check_request(namespace)
     model = namespace.model or namespace.model_name_or_path
     derived = {"model": model, "model_name_or_path": model,
-               **_hardware_settings(namespace, bf16_asked=request.bf16_asked),
+               **hardware_settings(namespace, bf16_asked=request.bf16_asked),
                **_global_batch_settings(namespace)}
     values = {**vars(namespace), **derived}
     built = []

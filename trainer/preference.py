@@ -65,7 +65,7 @@ def script_parser(kind: str):
     """The parser of ``llava-normaligned KIND``: TRL's script's dataclasses, ``--config``, one-line usage errors."""
     from trl import TrlParser
 
-    from .arguments import HelpFormatter, _describe_negations
+    from .arguments import HelpFormatter, describe_negations
 
     class ScriptParser(OneLineUsageErrors, TrlParser):
         """TRL's parser with one-line usage errors."""
@@ -77,7 +77,7 @@ def script_parser(kind: str):
         "(norm/* in the logs, norm_tracking.json), this package's model classes installed, SIGTERM checkpoints"
         + (" and --reward_funcs exact_answer." if kind == "grpo" else "."),
     )
-    _describe_negations(parser)
+    describe_negations(parser)
     return parser
 
 
@@ -107,16 +107,16 @@ def read_script_args(kind: str, argv: list[str]):
 
 def build_script_args(kind: str, request):
     """(script_args, training_args, model_args, dataset_args): TRL's script's dataclasses, built once from the
-    request with what the machine decides (``arguments._hardware_settings``: no GPU, the CPU in float32) and the
+    request with what the machine decides (``arguments.hardware_settings``: no GPU, the CPU in float32) and the
     trainer's ``model_init_kwargs`` as TRL's script sets them from ``ModelConfig``."""
-    from .arguments import _hardware_settings
+    from .arguments import hardware_settings
 
     namespace = request.namespace
     given = namespace.model_init_kwargs
     given = json.loads(given) if isinstance(given, str) else dict(given or {})
     init = {"revision": namespace.model_revision, "trust_remote_code": namespace.trust_remote_code,
             "attn_implementation": namespace.attn_implementation, "dtype": namespace.dtype, **given}
-    values = {**vars(namespace), **_hardware_settings(namespace, bf16_asked=request.bf16_asked),
+    values = {**vars(namespace), **hardware_settings(namespace, bf16_asked=request.bf16_asked),
               "model_init_kwargs": init}
     built = []
     for dataclass_type in _trl_script(kind).make_parser().dataclass_types:
@@ -243,7 +243,7 @@ def run_script(kind: str, argv: list[str] | None = None) -> int:
     """``llava-normaligned KIND``: parse and check (bad input: one line, exit code 2), then TRL's script with the
     norm tracked (module docstring). Returns the exit code."""
     from .arguments import earlier_run, setup_environment
-    from .train import _stopped
+    from .train import stopped_message
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -275,9 +275,9 @@ def run_script(kind: str, argv: list[str] | None = None) -> int:
             trainer = build_trainer(kind, script_args, training_args, model_args, dataset, rewards, [norm, sigterm])
             _train_and_save(kind, trainer, script_args, sigterm)
     except KeyboardInterrupt:
-        return fail(kind, _stopped(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)
+        return fail(kind, stopped_message(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)
     except Terminated as stopped:
-        return fail(kind, _stopped(output, "terminated (SIGTERM)", stopped.checkpoint), code=TERMINATED)
+        return fail(kind, stopped_message(output, "terminated (SIGTERM)", stopped.checkpoint), code=TERMINATED)
     if trainer.is_world_process_zero():
         history = [e for e in trainer.state.log_history if "norm/vision_text_ratio" in e]
         ratio = history[-1]["norm/vision_text_ratio"] if history else float("nan")

@@ -29,8 +29,8 @@ import random
 from dataclasses import asdict, dataclass
 
 from llava_normaligned.trainer.data import DataReport, load_llava_json, with_decode
-from llava_normaligned.trainer.data.columns import _Columns, _features, _in_memory_dataset
-from llava_normaligned.trainer.data.llava_json import _parse_llava_file
+from llava_normaligned.trainer.data.columns import ArrowColumns, in_memory_dataset, row_features
+from llava_normaligned.trainer.data.llava_json import parse_llava_file
 from llava_normaligned.trainer.rewards import normalize_answer
 
 logger = logging.getLogger(__name__)
@@ -74,10 +74,10 @@ def load_rows(rows, image_folder):
         raise ValueError(f"rows must be a LLaVA JSON path or a non-empty list of rows, got {type(rows).__name__}")
     if image_folder is not None and not os.path.isdir(image_folder):
         raise FileNotFoundError(f"image_folder is not a folder: {image_folder}")
-    columns = _Columns()
-    _parse_llava_file(rows, "rows", 0, None if image_folder is None else str(image_folder), columns, DataReport(),
+    columns = ArrowColumns()
+    parse_llava_file(rows, "rows", 0, None if image_folder is None else str(image_folder), columns, DataReport(),
                       "error")
-    return _in_memory_dataset(columns.table(), _features(provenance=True)).select_columns(["id", "messages", "images"])
+    return in_memory_dataset(columns.table(), row_features(provenance=True)).select_columns(["id", "messages", "images"])
 
 
 def _exchanges(rows, image_folder, report: RLDataReport) -> list[tuple[dict, str, str]]:

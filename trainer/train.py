@@ -701,7 +701,7 @@ def _cpu_threads(sft_args: SFTConfig) -> None:
     logger.info("training on the CPU with %s (OMP_NUM_THREADS=N sets it)", why)
 
 
-def _stopped(output, how: str, checkpoint: str | None = None) -> str:
+def stopped_message(output, how: str, checkpoint: str | None = None) -> str:
     """The line reporting a run stopped by Ctrl-C or SIGTERM (``how``): what was kept, and how to continue (from
     ``checkpoint``, the one the stop saved, else the folder's last)."""
     from transformers.trainer_utils import get_last_checkpoint
@@ -803,9 +803,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("train failed", exc_info=True)
         return fail("train", err, details=True)  # a data or template error lists the rows at fault
     except KeyboardInterrupt:
-        return fail("train", _stopped(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)
+        return fail("train", stopped_message(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)
     except Terminated as stopped:
-        return fail("train", _stopped(output, "terminated (SIGTERM)", stopped.checkpoint), code=TERMINATED)
+        return fail("train", stopped_message(output, "terminated (SIGTERM)", stopped.checkpoint), code=TERMINATED)
     if sigterm.requested:  # after the last step's end: the run finished and saved as usual
         logger.warning("SIGTERM arrived after the last optimizer step: the run finished and saved its final model")
     if result.trainer.is_world_process_zero():

@@ -27,7 +27,7 @@ def _message_type():
     return MESSAGE_TYPE
 
 
-def _features(image_decode: bool = True, provenance: bool = False):
+def row_features(image_decode: bool = True, provenance: bool = False):
     from datasets import Features, Image, List, Value
 
     columns = {
@@ -52,7 +52,7 @@ def _image_list_array(paths_per_row: list[list[str]]):
     return pa.ListArray.from_arrays(pa.array(offsets), structs)
 
 
-class _Columns:
+class ArrowColumns:
     """Parsed rows gathered as Arrow record batches, ``CHUNK_ROWS`` at a time (the Python objects are freed). A
     row's messages are kept as its roles and contents, flat across rows, and become the list-of-struct column at
     once (no dict per message)."""
@@ -98,7 +98,7 @@ class _Columns:
         import pyarrow as pa
 
         self.flush()
-        schema = _features(provenance=True).arrow_schema
+        schema = row_features(provenance=True).arrow_schema
         return pa.Table.from_batches(self.batches, schema=schema) if self.batches else schema.empty_table()
 
 
@@ -114,7 +114,7 @@ def _save_dataset(table, features, path: str):
     return Dataset.from_file(path)
 
 
-def _in_memory_dataset(table, features):
+def in_memory_dataset(table, features):
     return dataset_over(table, features=features)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from llava_normaligned.compat import dataset_fingerprint, dataset_indices, dataset_over
 
-from .columns import _features, _message_type, with_decode
+from .columns import _message_type, row_features, with_decode
 from .common import (
     BAD_IMAGE_POLICIES,
     BAD_ROW_POLICIES,
@@ -182,7 +182,7 @@ def _converted_text(dataset, text_column: str, fingerprint: str, name_or_path: s
         ids, messages, kept = _conversations_to_messages(text_columns, name_or_path, source_name, report, on_bad_row,
                                                          counts)
         table = pa.table({"id": pa.array(ids, type=pa.string()), "messages": pa.array(messages, type=_message_type())})
-        features = _features()
+        features = row_features()
         features = type(features)({k: v for k, v in features.items() if k != "images"})
         keep = np.asarray(kept, dtype=np.int64)
         saved = {"bad_rows_skipped": report.bad_rows_skipped, "examples": report.examples,

@@ -13,7 +13,7 @@ import numpy as np
 from llava_normaligned.families.tokens import IMAGE_TOKEN as IMAGE_TAG  # the tag in LLaVA-format text
 from llava_normaligned.io import write_json_atomic
 
-from .columns import _Columns, _features, _in_memory_dataset, _save_dataset
+from .columns import ArrowColumns, _save_dataset, in_memory_dataset, row_features
 from .common import (
     BAD_IMAGE_POLICIES,
     BAD_ROW_POLICIES,
@@ -102,7 +102,7 @@ def _iter_json_rows(path: str, block: int = JSON_BUFFER):
     yield from _parse_json_rows_whole(path)[read:]  # raises, naming the problem, for a file that is not a list
 
 
-def _parse_llava_file(rows, path: str, file_index: int, image_folder, columns: _Columns, report: DataReport,
+def parse_llava_file(rows, path: str, file_index: int, image_folder, columns: ArrowColumns, report: DataReport,
                       on_bad_row: str) -> None:
     """Check and convert each row of the iterable ``rows`` (one pass, each JSON object freed once converted). The
     common row (a human turn first, string values, known roles) takes the fused loop below; anything else goes
@@ -193,7 +193,7 @@ def _cached(cache_dir: str | None, key: str):
 def _store(cache_dir: str | None, key: str, table, features, saved: dict):
     """The parsed rows as a dataset: memory-mapped from the cache file when there is a cache, else in memory."""
     if cache_dir is None:
-        return _in_memory_dataset(table, features)
+        return in_memory_dataset(table, features)
     dataset = _save_dataset(table, features, os.path.join(cache_dir, f"{key}.arrow"))
     meta = os.path.join(cache_dir, f"{key}.json")
     write_json_atomic(meta, saved)
@@ -222,11 +222,11 @@ def _parsed_rows(paths: list[str], image_folder: str | None, on_bad_row: str, ca
         report.read_from_cache = True
         report.seconds["parse"] = log_phase("parsed rows read from the cache", len(loaded), start)
     else:
-        columns = _Columns()
+        columns = ArrowColumns()
         for file_index, path in enumerate(paths):
-            _parse_llava_file(_iter_json_rows(path), path, file_index, image_folder, columns, report, on_bad_row)
+            parse_llava_file(_iter_json_rows(path), path, file_index, image_folder, columns, report, on_bad_row)
         report.seconds["parse"] = log_phase("LLaVA JSON parsed", report.rows_read, start)
-        loaded = _store(cache_dir, key, columns.table(), _features(provenance=True),
+        loaded = _store(cache_dir, key, columns.table(), row_features(provenance=True),
                         {name: getattr(report, name) for name in PARSE_FIELDS})
     if cache_dir is not None:
         report.cache_file = os.path.join(cache_dir, f"{key}.arrow")
