@@ -110,7 +110,7 @@ def test_rows_pair_each_answer_with_another_answer_to_the_same_question(tmp_path
     assert loaded.column_names == ["image", "prompt", "chosen", "rejected"] and loaded[2]["image"].size == (16, 16)
 
     completions = [[{"role": "assistant", "content": " Red.\n"}], "blue", [{"role": "assistant", "content": [
-        {"type": "text", "text": "TWO!"}]}], "red square"]
+        {"type": "text", "text": "TWO."}]}], "red square"]
     assert exact_answer(completions, solution=["red", "red", "two", "red"]) == [1.0, 0.0, 1.0, 0.0]
 
 
@@ -266,6 +266,8 @@ BAD = [
      "--config: no such file or shipped recipe: no_such_recipe"),
     (["dpo", "--model_name_or_path", "ours", "--dataset_name", "dpo_data", "--output_dir", "ours/config.json"],
      "--output_dir ours/config.json: a file"),
+    (["dpo", "--model_name_or_path", "ours", "--dataset_name", "dpo_data", "--output_dir", "bad_out",
+      "--eval_strategy", "steps"], "no 'test' split to evaluate on"),
     (["rl-data", "--data-path", "none.json", "--format", "dpo", "--output-dir", "x"], "--data-path none.json"),
 ]
 

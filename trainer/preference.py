@@ -177,9 +177,9 @@ def check_script_inputs(kind: str, script_args, training_args, model_args, datas
         raise BadInput("--reward_funcs is required (e.g. exact_answer), or --reward_model_name_or_path")
 
 
-def load_script_dataset(script_args, dataset_args, needs: tuple[str, ...]):
+def load_script_dataset(script_args, dataset_args, needs: tuple[str, ...], evaluates: bool = False):
     """The dataset as TRL's script loads it (``--datasets`` mixture, else ``load_dataset(--dataset_name)``), its
-    training split checked for the trainer's columns."""
+    training split checked for the trainer's columns, and its test split there when the run ``evaluates``."""
     from datasets import load_dataset
     from trl import get_dataset
 
@@ -195,6 +195,10 @@ def load_script_dataset(script_args, dataset_args, needs: tuple[str, ...]):
     split = script_args.dataset_train_split
     if split not in dataset:
         raise BadInput(f"{what}: no {split!r} split (it has {', '.join(dataset)}); --dataset_train_split names it")
+    test = script_args.dataset_test_split
+    if evaluates and test not in dataset:
+        raise BadInput(f"{what}: no {test!r} split to evaluate on (it has {', '.join(dataset)}); "
+                       "--dataset_test_split names it, or --eval_strategy no")
     columns = dataset[split].column_names or []
     missing = [c for c in needs if c not in columns]
     if missing:
@@ -256,7 +260,8 @@ def run_script(kind: str, argv: list[str] | None = None) -> int:
         rewards = reward_functions(script_args.reward_funcs) if kind == "grpo" else None
         if kind == "grpo" and script_args.reward_model_name_or_path:
             rewards.insert(0, script_args.reward_model_name_or_path)
-        dataset = load_script_dataset(script_args, dataset_args, TRAINERS[kind][1])  # its columns are input too
+        dataset = load_script_dataset(script_args, dataset_args, TRAINERS[kind][1],
+                                      evaluates=training_args.eval_strategy != "no")  # its columns are input too
     except (BadInput, ValueError, FileNotFoundError) as err:
         return fail(kind, err)
     arguments_accepted()

@@ -6,11 +6,6 @@ keyword argument (here ``solution``, which ``rl_data.prompt_rows`` writes), and 
 
 from __future__ import annotations
 
-import string
-
-# what an answer may end with and still be the same answer ("Red." == "red")
-TRAILING = string.punctuation + " \t\n"
-
 
 def completion_text(completion) -> str:
     """A completion as text: a string as is; a conversational one (a list of messages whose content is a string or a
@@ -29,8 +24,10 @@ def completion_text(completion) -> str:
 
 
 def normalize_answer(text: str) -> str:
-    """Stripped, lower-cased, trailing punctuation dropped: ``" Red.\\n"`` -> ``"red"``."""
-    return str(text).strip().lower().rstrip(TRAILING)
+    """The one rule an exact answer is compared by, here and in the demo's scoring (``demo.scoring``), so that GRPO is
+    rewarded by what the held-out accuracy counts: stripped, lower-cased, a trailing full stop dropped, runs of spaces
+    made one: ``" Red.\\n"`` -> ``"red"``."""
+    return " ".join(str(text).strip().lower().rstrip(".").split())
 
 
 def exact_answer(completions, solution, **kwargs) -> list[float]:

@@ -13,6 +13,7 @@ modality by ``diagnostics.probes.LayerStats``:
 from __future__ import annotations
 
 import tempfile
+import weakref
 
 import torch
 
@@ -26,6 +27,14 @@ from llava_normaligned.part_metrics import text_embedding_norm
 
 # the per-layer statistics the page shows (``ResidualTap.STATS``), per modality
 SHOWN_STATS = ("norm", "cos_to_prev")
+# T of each served model, measured once: the page never trains, and at 3-8B the embedding matrix is 0.5-1 G values
+_TEXT_NORMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _text_norm(model) -> float:
+    if model not in _TEXT_NORMS:
+        _TEXT_NORMS[model] = text_embedding_norm(model)
+    return _TEXT_NORMS[model]
 
 
 @torch.inference_mode()
@@ -44,7 +53,7 @@ def image_readings(points: ProbePoints, processor, image_path: str, question: st
     stats = LayerStats()
     stats.add(residual.stacked(), {"vision": batch.image_mask, "text": batch.text_mask})
     layers = stats.summary(modalities=("vision", "text"))
-    target = text_embedding_norm(model)
+    target = _text_norm(model)
     image_norm = float(llm_input.mean())
     return {
         "model_id": model_id,

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from llava_normaligned.evaluation.prompts import without_image_tags
 from llava_normaligned.generation import generate_batch
+from llava_normaligned.trainer.rewards import normalize_answer
 
 from . import synthetic
 
@@ -51,10 +52,6 @@ def load_test_rows(test_json: str, image_folder: str) -> list[TestRow]:
     if not rows:
         raise ValueError(f"{test_json}: no test rows")
     return rows
-
-
-def normalise(text: str) -> str:
-    return " ".join(text.strip().lower().rstrip(".").split())
 
 
 @dataclass
@@ -89,7 +86,7 @@ def score_model(model, processor, rows: list[TestRow], *, image_size: int, batch
     for condition in IMAGE_CONDITIONS:
         hits, totals = defaultdict(int), defaultdict(int)
         for row, predicted in zip(rows, predictions[condition]):
-            hits[row.template] += normalise(predicted) == normalise(row.answer)
+            hits[row.template] += normalize_answer(predicted) == normalize_answer(row.answer)
             totals[row.template] += 1
         per_template = {name: hits[name] / totals[name] for name in sorted(totals)}
         per_template["avg"] = sum(per_template.values()) / len(per_template)
