@@ -31,7 +31,7 @@ this package's model and stock LLaVA with the installed classes and runs no code
 default, ``DTYPE_DEFAULT = "auto"`` (as stored), and one dtype parser, ``parse_dtype``. What a load takes is one
 frozen ``LoadOptions``; every command that loads a model has the same flags for it (``flags.add_load_flags``, read
 by ``LoadOptions.from_args``); ``train`` builds its ``LoadOptions`` from its own fields. A name that is no local folder and no Hub repo fails before anything is downloaded
-(``check_source``), with one line naming it.
+(``check_source``), with one line naming it; at once where the Hub cannot be reached (``hub_unreachable``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ import json
 import logging
 import os
 import re
+import socket
+import threading
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
@@ -407,11 +411,67 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
+# DNS and a TCP connect to the Hub take well under a second where it is reachable; huggingface_hub itself retries an
+# unreachable one with backoff for about 25 s per lookup before it gives up.
+HUB_CONNECT_TIMEOUT = 3.0
+_HUB_UNREACHABLE: dict[tuple, str | None] = {}  # (host, port) -> why it cannot be reached (None: it can), per process
+
+
+def _connect(host: str, port: int, timeout: float) -> str | None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as error:  # no DNS answer, refused, no route, timed out
+        return str(error) or type(error).__name__
+
+
+def hub_unreachable(timeout: float = HUB_CONNECT_TIMEOUT) -> str | None:
+    """Why the Hub endpoint (``huggingface_hub.constants.ENDPOINT``, which honours ``HF_ENDPOINT``) cannot be
+    reached from here, or None when it can: DNS and a TCP connect to it (to the proxy instead, where the environment
+    sets one for it, as the Hub client would), within ``timeout`` seconds in all (a DNS lookup has no timeout of its
+    own, so it runs in a thread that is not waited for beyond it). Asked once per process and place: a lookup
+    that cannot happen is refused at once instead of after the Hub client's retries. Only a failed connection counts
+    as unreachable; an endpoint this cannot read is left to the Hub client."""
+    from huggingface_hub import constants
+
+    parts = urllib.parse.urlsplit(constants.ENDPOINT)
+    try:
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        proxies = urllib.request.getproxies()
+        proxy = proxies.get(parts.scheme) or proxies.get("all")
+        if proxy and host and not urllib.request.proxy_bypass(host):
+            proxied = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+            host, port = proxied.hostname, proxied.port or (443 if proxied.scheme == "https" else 80)
+    except ValueError:  # a port or proxy this cannot parse: the Hub client decides
+        return None
+    if not host:
+        return None
+    if (host, port) not in _HUB_UNREACHABLE:
+        answer: list[str | None] = []
+        probe = threading.Thread(target=lambda: answer.append(_connect(host, port, timeout)), daemon=True)
+        probe.start()
+        probe.join(timeout)
+        _HUB_UNREACHABLE[host, port] = answer[0] if answer else f"no answer from {host} within {timeout:g} s"
+    return _HUB_UNREACHABLE[host, port]
+
+
+def _in_hub_cache(name: str, revision: str | None) -> bool:
+    """The local Hub cache holds a config of ``name`` (a model's or an adapter's): transformers loads it from there
+    when the Hub cannot be asked."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return any(isinstance(try_to_load_from_cache(name, f, revision=revision), str)
+               for f in ("config.json", "adapter_config.json"))
+
+
 def check_source(name: str, what: str = "model", *, revision: str | None = None, weights: bool = True) -> None:
     """Refuse, before anything is downloaded, a ``name`` that cannot be loaded: a path-like name that is no folder,
-    a folder without a config or (``weights``) without weights, or, with ``HF_HUB_OFFLINE`` set, a Hub id the local
-    cache does not hold. ``SourceNotFound`` names the input and the way out in one line. A Hub id online is left to
-    the Hub (``load_config`` words its answer)."""
+    a folder without a config or (``weights``) without weights, or a Hub id the local cache does not hold when the Hub
+    cannot be asked: ``HF_HUB_OFFLINE`` set, or its endpoint not reachable from here (``hub_unreachable``: at once,
+    not after the Hub client's retries). ``SourceNotFound`` names the input and the way out in one line. A Hub id
+    with the Hub reachable is left to the Hub (``load_config`` words its answer).
+
+    This is where a name that is no local folder becomes a Hub id: every command checks its model names here first."""
     if not isinstance(name, str) or not name:
         raise SourceNotFound(f"{what}: no model given; give a folder or a Hub repo id (namespace/name)")
     path = os.path.expanduser(name)
@@ -427,14 +487,22 @@ def check_source(name: str, what: str = "model", *, revision: str | None = None,
             "(namespace/name)"
         )
     if _hub_offline():
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = [try_to_load_from_cache(name, f, revision=revision) for f in ("config.json", "adapter_config.json")]
-        if not any(isinstance(c, str) for c in cached):
+        if not _in_hub_cache(name, revision):
             raise SourceNotFound(
                 f"{what} {name!r}: no such folder here, and HF_HUB_OFFLINE is set while the Hub cache holds no copy "
                 "of it; give an existing folder, or unset HF_HUB_OFFLINE to download it"
             )
+        return
+    unreachable = hub_unreachable()  # None where the Hub can be asked: the lookup then goes ahead as before
+    if unreachable is not None and not _in_hub_cache(name, revision):
+        from huggingface_hub import constants
+
+        raise SourceNotFound(
+            f"{what} {name!r}: there is no local folder of that name ({os.path.abspath(path)}), and it could not be "
+            f"looked up as a Hub repo id: the Hub ({constants.ENDPOINT}) cannot be reached from here ({unreachable}); "
+            f"give an existing folder (a local path written as ./{name} is never looked up on the Hub), or connect "
+            "to the Hub"
+        )
 
 
 def _not_found(model_name_or_path: str, error: OSError, what: str = "model") -> OSError:
@@ -762,6 +830,7 @@ __all__ = [
     "SourceNotFound",
     "check_source",
     "compute_dtype_for",
+    "hub_unreachable",
     "load_config",
     "load_model",
     "looks_like_path",

@@ -5,9 +5,11 @@ and Global Weight Compensation (``gradient_compensation``, ``gradient_compensati
 ``NormVariant`` holds the four, validated, as ``LlavaNormAlignedConfig`` spells them (``projector_norm`` None for the
 "w/o Norm" row; the command line's ``"none"`` is read as None). It is built from a command's flags
 (``NormVariant.from_args``), from a config (``from_config``) or from a mapping (``from_dict``), and gives the config's
-keyword arguments (``config_kwargs``). The flags are ``llava_normaligned.flags``': ``add_norm_flags`` for
-``compose``, ``convert`` and ``align`` (argparse), ``variant_field`` for ``train``'s fields (each unset unless given: a
-stage starts from the model as it is). Standard library only, so ``--help`` imports neither torch nor transformers.
+keyword arguments (``config_kwargs``: all four, as the config stores them) and what describes it (``in_force``,
+``describe``, ``report``: without a norm, only that; its init and GWC are then inert). The flags are
+``llava_normaligned.flags``': ``add_norm_flags`` for ``compose``, ``convert`` and ``align`` (argparse),
+``variant_field`` for ``train``'s fields (each unset unless given: a stage starts from the model as it is). Standard
+library only, so ``--help`` imports neither torch nor transformers.
 
 The model file (pushed to the Hub, torch and transformers only) checks the same values in its config and builds the
 norm from them (``LlavaNormAlignedProjector.reset_norm``); ``tests/test_norm_variant.py`` holds the two to the
@@ -98,12 +100,30 @@ class NormVariant:
         """The options whose value here differs from ``other``'s (this variant's values)."""
         return {key: getattr(self, key) for key in NORM_FIELDS if getattr(self, key) != getattr(other, key)}
 
+    def in_force(self) -> dict:
+        """The options that shape the model, as the config spells them: all four with a norm; without one
+        (``projector_norm`` None) only that one. The init and GWC configure a norm the model does not have: its
+        config still stores them (every field must have a valid value), inert, as what a norm turned on later starts
+        from (a stage-1 variant). What describes a variant (``describe``, ``report``) says only these."""
+        if self.projector_norm is None:
+            return {"projector_norm": None}
+        return self.config_kwargs()
+
     def describe(self) -> str:
         """One phrase for logs and errors: ``none (w/o Norm)`` or ``layernorm, target init, with GWC``."""
         if self.projector_norm is None:
             return f"{NO_NORM} (w/o Norm)"
         gwc = f"with GWC (clamp {self.gradient_compensation_min:g})" if self.gradient_compensation else "without GWC"
         return f"{self.projector_norm}, {self.norm_init} init, {gwc}"
+
+    def report(self) -> str:
+        """The options in force as ``key=value`` words, for the line a command prints about the model it wrote:
+        ``projector_norm=none (w/o Norm)``, or ``projector_norm=layernorm norm_init=target GWC=True (clamp 0.001)``
+        (``GWC=False`` without it). Nothing of an init or GWC for a model without a norm (``in_force``)."""
+        if self.projector_norm is None:
+            return f"projector_norm={NO_NORM} (w/o Norm)"
+        gwc = f"True (clamp {self.gradient_compensation_min:g})" if self.gradient_compensation else "False"
+        return f"projector_norm={self.projector_norm} norm_init={self.norm_init} GWC={gwc}"
 
 
 DEFAULT = NormVariant()  # the paper's method; the flags' defaults (llava_normaligned.flags.add_norm_flags)

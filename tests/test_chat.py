@@ -4,12 +4,14 @@ question, stream it, and report the vision/text norm ratio at the LLM input as c
 features' mean L2 norm over ``part_metrics.text_embedding_norm``); for our model against a stock LLaVA side by side
 (``--compare``) and for an aligned folder of another family (Idefics3, ``align``'s output). Bad input is a message
 and the server answers the next request; a model that cannot be loaded is one line and exit code 2, before serving.
+Ctrl-C, the page's documented way to stop the server, stops it calmly: exit code 0, no error.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
+import signal
 import socket
 import subprocess
 
@@ -25,7 +27,7 @@ from tests.support.chat_server import (
     not_an_image,
     solid_image,
 )
-from tests.support.processes import CONSOLE
+from tests.support.processes import CONSOLE, send_or_skip, wait_after_signal
 
 pytest.importorskip("gradio")
 from gradio_client import Client, handle_file
@@ -179,3 +181,19 @@ def test_a_model_that_fails_to_load_is_one_line_and_exit_code_2(tiny_model_dir, 
         taken.listen()
         [line] = _refused([tiny_model_dir, "--port", str(taken.getsockname()[1])])
     assert "--port" in line and "give another --port" in line
+
+
+def test_ctrl_c_stops_the_server_calmly_with_exit_code_0(tiny_model_dir):
+    """The page says "Ctrl-C stops": doing so is how the server is meant to end, not an error. The command ends with
+    ``llava-normaligned chat: stopped`` and exit code 0; no error line, no traceback, not gradio's own closing line.
+    (``train`` and ``demo`` report Ctrl-C as an interruption, exit code 130: there it cuts work short.)"""
+    server = ChatServer([tiny_model_dir])
+    try:
+        send_or_skip(server.proc, signal.SIGINT)
+        code = wait_after_signal(server.proc, signal.SIGINT, 60, server.output)
+    finally:
+        server.stop()  # a server that did not exit: terminated; the output read to its end
+    lines = [line for line in server.lines if line.strip()]
+    assert code == 0, (code, lines)
+    assert lines[-1] == "llava-normaligned chat: stopped", lines
+    assert not [line for line in lines if "error" in line.lower() or "Traceback" in line or "Closing" in line], lines

@@ -77,6 +77,58 @@ def test_argparse_errors_are_one_line(name, capsys):
         assert NOT_A_NUMBER[name][0] in lines[0] and NOT_A_NUMBER[name][1] in lines[0], lines
 
 
+def _command_parser(name: str):
+    """The parser of ``llava-normaligned NAME``: the ``make_*parser`` of its module whose prog is the command's."""
+    import importlib
+
+    module = importlib.import_module(COMMANDS[name][0])
+    parsers = [getattr(module, attr)() for attr in dir(module) if attr.startswith("make") and attr.endswith("parser")]
+    [parser] = [parser for parser in parsers if parser.prog == f"llava-normaligned {name}"]
+    return parser
+
+
+def _flag_and_prefix(parser) -> tuple[str, str, list[str]]:
+    """A long flag of ``parser``, a prefix of it that starts no other flag (argparse's abbreviations would read it as
+    the flag) and a value for it; a flag that takes no value where there is one (any value it takes is good)."""
+    actions = {o: a for a in parser._actions for o in a.option_strings if o.startswith("--")}  # argparse's list
+    for flag in sorted(actions, key=lambda flag: (actions[flag].nargs != 0, flag)):
+        prefix = flag[:-1]
+        if flag in ("--help", "--config") or len(prefix) < 5 or [f for f in actions if f.startswith(prefix)] != [flag]:
+            continue
+        action = actions[flag]
+        value = [] if action.nargs == 0 else [str(next(iter(action.choices)))] if action.choices else ["1"]
+        return flag, prefix, value
+    raise AssertionError(f"{parser.prog}: no long flag with a prefix of its own")
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_prefix_of_a_flag_is_not_that_flag(name, capsys, monkeypatch, tmp_path):
+    """A typo that is a prefix of a flag (``--max_step 2`` for ``--max_steps``) is an unknown flag, one line and exit
+    code 2, never the flag (argparse's abbreviations are off in every command's parser: ``console.parsers``)."""
+    monkeypatch.chdir(tmp_path)  # were the prefix taken, a command would write its output folder here
+    parser = _command_parser(name)
+    flag, prefix, value = _flag_and_prefix(parser)
+    code, lines = _run([name, *REQUIRED[name], prefix, *value], capsys)
+    assert code == 2 and len(lines) == 1, (flag, lines)
+    assert lines[0].startswith(f"llava-normaligned {name}: error: unrecognized arguments: {prefix}"), (flag, lines)
+    assert parser.allow_abbrev is False
+
+
+def test_train_takes_max_steps_whole_in_both_spellings_and_refuses_a_prefix(capsys, monkeypatch, tmp_path):
+    """``--max_steps`` and ``--max-steps`` (TRL's parser registers both spellings of every field) are read; a prefix
+    of either, with its value apart or after ``=``, is refused."""
+    from llava_normaligned.trainer.arguments import read_train_args
+
+    monkeypatch.chdir(tmp_path)
+
+    required = REQUIRED["train"]
+    for spelling in (["--max_steps", "2"], ["--max-steps", "2"], ["--max_steps=2"], ["--max-steps=2"]):
+        assert read_train_args([*required, *spelling]).namespace.max_steps == 2, spelling
+    for typo in (["--max_step", "2"], ["--max-step", "2"], ["--max_step=2"], ["--max-ste", "2"]):
+        code, lines = _run(["train", *required, *typo], capsys)
+        assert code == 2 and len(lines) == 1 and f"unrecognized arguments: {typo[0]}" in lines[0], (typo, lines)
+
+
 def test_every_command_is_in_the_table():
     assert set(REQUIRED) == set(COMMANDS) and set(NOT_A_NUMBER) <= set(COMMANDS)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ from modeling_llava_normaligned import (
     text_embedding_norm_target,
 )
 from tests.support.isolation import run_isolated
+from tests.support.processes import CONSOLE
 
 
 def _inputs(processor, n_images=1, question="what colour is the shape"):
@@ -222,6 +224,38 @@ def test_compose_cli(tiny_parts, tmp_path):
     config = json.load(open(out / "config.json"))
     assert config["norm_init"] == "default" and config["gradient_compensation"] is False
     assert config["norm_target"] > 0
+
+
+def test_compose_without_a_norm_speaks_of_no_norm_init_or_gwc(tiny_parts, tmp_path, capsys):
+    """``llava-normaligned compose --projector-norm none``, run as a user runs it: the line it ends with says the model
+    has no norm, and nothing of a norm init, GWC or a gain. Its config.json says ``projector_norm: null``; the other
+    options stay stored (every config field needs a valid value), inert, and what reads the config back describes
+    the variant as no norm. With a norm, the line names each option."""
+    from llava_normaligned.norm_variant import NormVariant
+
+    out = tmp_path / "none"
+    done = subprocess.run([CONSOLE, "compose", "--vision-model", tiny_parts[0], "--text-model", tiny_parts[1],
+                           "--output-dir", str(out), "--projector-norm", "none"], capture_output=True, text=True,
+                          timeout=300, check=False, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    measures = (f"T={config['norm_target']:.4f} D={config['text_config']['hidden_size']} "
+                f"image tokens/image={config['image_seq_length']}")
+    assert done.stdout.splitlines() == [f"wrote {out}: projector_norm=none (w/o Norm) {measures}"], done.stdout
+    assert not any(word in done.stdout + done.stderr for word in ("norm_init", "GWC", "gain")), done.stdout
+    assert config["projector_norm"] is None
+    variant = NormVariant.from_config(config)
+    assert variant.in_force() == {"projector_norm": None}
+    assert (variant.describe(), variant.report()) == ("none (w/o Norm)", "projector_norm=none (w/o Norm)")
+    assert AutoModelForImageTextToText.from_pretrained(out).model.multi_modal_projector.norm is None
+
+    with_norm = tmp_path / "norm"
+    assert cli_main(["compose", "--vision-model", tiny_parts[0], "--text-model", tiny_parts[1], "--output-dir",
+                     str(with_norm), "--norm-init", "default", "--no-gradient-compensation"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"wrote {with_norm}: projector_norm=layernorm norm_init=default GWC=False T="), line
+    assert " mean|gain|=1.00000 " in line, line
 
 
 # ------------------------------------------------------------------------------------------------ convert

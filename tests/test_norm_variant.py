@@ -94,6 +94,24 @@ def test_changes_and_description():
     assert NormVariant(projector_norm=None).describe() == "none (w/o Norm)"
 
 
+@pytest.mark.parametrize("variant", [NormVariant(projector_norm=None), NormVariant("none", "default", False, 0.5)])
+def test_a_variant_without_a_norm_speaks_of_no_init_or_gwc(variant):
+    """Without a norm, its init and GWC are inert (the config stores them all the same): what describes the variant
+    (``in_force``, ``describe``, ``report``: what compose and convert print) names only the missing norm."""
+    assert variant.in_force() == {"projector_norm": None}
+    assert variant.describe() == "none (w/o Norm)"
+    assert variant.report() == "projector_norm=none (w/o Norm)"
+    assert set(variant.config_kwargs()) == set(NORM_FIELDS)  # the config still gets every field
+    assert LlavaNormAlignedConfig(**variant.config_kwargs()).projector_norm is None
+
+
+def test_a_variant_with_a_norm_reports_every_option():
+    assert NormVariant().in_force() == NormVariant().config_kwargs()
+    assert NormVariant().report() == "projector_norm=layernorm norm_init=target GWC=True (clamp 0.001)"
+    assert NormVariant(norm_init="default", gradient_compensation=False).report() == (
+        "projector_norm=layernorm norm_init=default GWC=False")
+
+
 # ------------------------------------------------------------------------------------------------ the flags
 
 
@@ -186,3 +204,15 @@ def test_stage1_variant_on_a_checkpoint_rebuilds_the_norm_and_stage2_refuses_it(
     assert describe_variant(model)["gradient_compensation_min"] == 0.3
     assert apply_norm_variant(model, stage=1, projector_norm=None) == {"projector_norm": None}
     assert model.get_projector_norm() is None and describe_variant(model)["projector_norm"] is None
+
+
+def test_a_training_summary_of_a_model_without_a_norm_records_no_init_or_gwc(tiny_model_dir):
+    from llava_normaligned.trainer.starting_point import apply_norm_variant, describe_variant
+    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
+
+    model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)
+    assert {"norm_init", "gradient_compensation", "gain_init"} <= set(describe_variant(model))  # with the norm
+    apply_norm_variant(model, stage=1, projector_norm=None)
+    described = describe_variant(model)
+    assert described["projector_norm"] is None
+    assert not {"norm_init", "gradient_compensation", "gradient_compensation_min", "gain_init"} & set(described)

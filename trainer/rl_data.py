@@ -28,7 +28,13 @@ import os
 import random
 from dataclasses import asdict, dataclass
 
-from llava_normaligned.trainer.data import DataReport, load_llava_json, with_decode
+from llava_normaligned.trainer.data import (
+    BAD_IMAGE_POLICIES,
+    BAD_ROW_POLICIES,
+    DataReport,
+    load_llava_json,
+    with_decode,
+)
 from llava_normaligned.trainer.data.columns import ArrowColumns, in_memory_dataset, row_features
 from llava_normaligned.trainer.data.llava_json import parse_llava_file
 from llava_normaligned.trainer.rewards import normalize_answer
@@ -63,26 +69,27 @@ class RLDataReport:
         return asdict(self)
 
 
-def load_rows(rows, image_folder):
+def load_rows(rows, image_folder, *, on_bad_row: str = "error", on_bad_image: str = "error"):
     """LLaVA JSON rows (a path, a comma-separated list or list of paths, or a list of row dicts) -> the
-    ``load_llava_json`` dataset (``id``, ``messages``, ``images``), images checked for paths as ``train`` does."""
+    ``load_llava_json`` dataset (``id``, ``messages``, ``images``), images checked for paths as ``train`` does; the
+    policies are ``load_llava_json``'s (row dicts given here are parsed, their images not checked)."""
     if isinstance(rows, (str, os.PathLike)) or (isinstance(rows, (list, tuple)) and rows
                                                 and all(isinstance(r, (str, os.PathLike)) for r in rows)):
         return load_llava_json(rows if isinstance(rows, (str, os.PathLike)) else [str(r) for r in rows],
-                               image_folder)
+                               image_folder, on_bad_row=on_bad_row, on_bad_image=on_bad_image)
     if not isinstance(rows, (list, tuple)) or not rows:
         raise ValueError(f"rows must be a LLaVA JSON path or a non-empty list of rows, got {type(rows).__name__}")
     if image_folder is not None and not os.path.isdir(image_folder):
         raise FileNotFoundError(f"image_folder is not a folder: {image_folder}")
     columns = ArrowColumns()
     parse_llava_file(rows, "rows", 0, None if image_folder is None else str(image_folder), columns, DataReport(),
-                      "error")
+                      on_bad_row)
     return in_memory_dataset(columns.table(), row_features(provenance=True)).select_columns(["id", "messages", "images"])
 
 
-def _exchanges(rows, image_folder, report: RLDataReport) -> list[tuple[dict, str, str]]:
+def _exchanges(rows, image_folder, report: RLDataReport, policies: dict) -> list[tuple[dict, str, str]]:
     """(image reference, question, answer) per row with an image: its first image and its first exchange."""
-    dataset = with_decode(load_rows(rows, image_folder), "images", False)
+    dataset = with_decode(load_rows(rows, image_folder, **policies), "images", False)
     report.rows_read = len(dataset)
     out = []
     for messages, images in zip(list(dataset["messages"]), list(dataset["images"])):
@@ -132,19 +139,20 @@ def _answer(text: str) -> list[dict]:
     return [{"role": "assistant", "content": text}]
 
 
-def prompt_rows(rows, image_folder, *, return_report: bool = False):
-    """GRPO rows: ``image``, ``prompt``, ``solution`` (module docstring)."""
+def prompt_rows(rows, image_folder, *, return_report: bool = False, **policies):
+    """GRPO rows: ``image``, ``prompt``, ``solution`` (module docstring). ``policies``: ``on_bad_row``,
+    ``on_bad_image`` (``load_llava_json``'s; default ``"error"``)."""
     report = RLDataReport()
     records = [{"image": image, "prompt": user_prompt(q), "solution": a}
-               for image, q, a in _exchanges(rows, image_folder, report)]
+               for image, q, a in _exchanges(rows, image_folder, report, policies)]
     dataset = _dataset("grpo", records, report)
     return (dataset, report) if return_report else dataset
 
 
-def _pairs(rows, image_folder, seed: int, report: RLDataReport) -> list[tuple[dict, str, str, str]]:
+def _pairs(rows, image_folder, seed: int, report: RLDataReport, policies: dict) -> list[tuple[dict, str, str, str]]:
     """(image, question, chosen, rejected): the rejected answer drawn (seeded) from the other answers the data gives
     to the same question text."""
-    exchanges = _exchanges(rows, image_folder, report)
+    exchanges = _exchanges(rows, image_folder, report, policies)
     answers: dict[str, dict[str, str]] = {}  # question -> normalized answer -> first spelling seen
     for _, question, answer in exchanges:
         answers.setdefault(question.strip(), {}).setdefault(normalize_answer(answer), answer.strip())
@@ -160,20 +168,22 @@ def _pairs(rows, image_folder, seed: int, report: RLDataReport) -> list[tuple[di
     return pairs
 
 
-def preference_rows(rows, image_folder, seed: int = 0, *, return_report: bool = False):
-    """DPO rows: ``image``, ``prompt``, ``chosen``, ``rejected`` (module docstring)."""
+def preference_rows(rows, image_folder, seed: int = 0, *, return_report: bool = False, **policies):
+    """DPO rows: ``image``, ``prompt``, ``chosen``, ``rejected`` (module docstring); ``policies`` as
+    ``prompt_rows``'."""
     report = RLDataReport()
     records = [{"image": image, "prompt": user_prompt(q), "chosen": _answer(c), "rejected": _answer(r)}
-               for image, q, c, r in _pairs(rows, image_folder, seed, report)]
+               for image, q, c, r in _pairs(rows, image_folder, seed, report, policies)]
     dataset = _dataset("dpo", records, report)
     return (dataset, report) if return_report else dataset
 
 
-def kto_rows(rows, image_folder, seed: int = 0, *, return_report: bool = False):
-    """KTO rows: each preference pair as two unpaired rows, ``label`` True (chosen) and False (rejected)."""
+def kto_rows(rows, image_folder, seed: int = 0, *, return_report: bool = False, **policies):
+    """KTO rows: each preference pair as two unpaired rows, ``label`` True (chosen) and False (rejected);
+    ``policies`` as ``prompt_rows``'."""
     report = RLDataReport()
     records = []
-    for image, q, chosen, rejected in _pairs(rows, image_folder, seed, report):
+    for image, q, chosen, rejected in _pairs(rows, image_folder, seed, report, policies):
         records.append({"image": image, "prompt": user_prompt(q), "completion": _answer(chosen), "label": True})
         records.append({"image": image, "prompt": user_prompt(q), "completion": _answer(rejected), "label": False})
     dataset = _dataset("kto", records, report)
@@ -183,12 +193,12 @@ def kto_rows(rows, image_folder, seed: int = 0, *, return_report: bool = False):
 BUILDERS = {"grpo": prompt_rows, "dpo": preference_rows, "kto": kto_rows}
 
 
-def rl_rows(kind: str, rows, image_folder, seed: int = 0, *, return_report: bool = False):
+def rl_rows(kind: str, rows, image_folder, seed: int = 0, *, return_report: bool = False, **policies):
     """``prompt_rows`` / ``preference_rows`` / ``kto_rows`` by the name of the trainer that takes them."""
     if kind not in BUILDERS:
         raise ValueError(f"format must be one of {FORMATS}, got {kind!r}")
     extra = {} if kind == "grpo" else {"seed": seed}
-    return BUILDERS[kind](rows, image_folder, return_report=return_report, **extra)
+    return BUILDERS[kind](rows, image_folder, return_report=return_report, **extra, **policies)
 
 
 def save_rows(dataset, folder: str | os.PathLike) -> str:
@@ -229,6 +239,10 @@ def make_parser():
     parser.add_argument("--output-dir", required=True, help="folder to write (must be empty or absent)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the rejected answers drawn for dpo and kto (default 0)")
+    parser.add_argument("--on-bad-row", default="error", choices=BAD_ROW_POLICIES,
+                        help="a malformed row: error (default) names it and stops; skip drops it (as train's flag)")
+    parser.add_argument("--on-bad-image", default="error", choices=BAD_IMAGE_POLICIES,
+                        help="a row whose image is missing or unreadable: error (default) or skip (as train's flag)")
     return parser
 
 
@@ -254,9 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail("rl-data", err)
     arguments_accepted()
     try:
-        dataset, report = rl_rows(args.format, args.data_path, args.image_folder, args.seed, return_report=True)
+        dataset, report = rl_rows(args.format, args.data_path, args.image_folder, args.seed, return_report=True,
+                                  on_bad_row=args.on_bad_row, on_bad_image=args.on_bad_image)
     except (DataError, ValueError, FileNotFoundError) as err:
-        return fail("rl-data", err, details=True)
+        return fail("rl-data", err.as_flags() if isinstance(err, DataError) else err, details=True)
     path = save_rows(dataset, args.output_dir)
     print(f"wrote {path}: {args.format} rows, {report.summary()}")
     return 0

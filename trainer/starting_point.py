@@ -109,12 +109,11 @@ def describe_variant(model) -> dict:
     from modeling_llava_normaligned import gain_init
 
     target = config.norm_target
-    described = {
-        **NormVariant.from_config(config).config_kwargs(),
-        "norm_target": target,
-        "gain_init": gain_init(config.norm_init, target, config.get_text_config().hidden_size)
-        if target or config.norm_init == "default" else 1.0,
-    }
+    variant = NormVariant.from_config(config)
+    described = {**variant.in_force(), "norm_target": target}  # no init or GWC for a model without a norm
+    if variant.projector_norm is not None:
+        described["gain_init"] = (gain_init(config.norm_init, target, config.get_text_config().hidden_size)
+                                  if target or config.norm_init == "default" else 1.0)
     if aligned:
         described.update(aligned_family=config.norm_family, norm_connector=config.norm_connector,
                          norm_entry=config.norm_entry)

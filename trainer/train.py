@@ -729,8 +729,9 @@ def _prepare_run(config: TrainConfig, argv, sigterm) -> tuple[PreparedStage, obj
     _configure_logging(sft_args)
     _cpu_threads(sft_args)
     logger.info("configuration: %s", json.dumps(_redacted(config.describe()), default=str))
-    model, processor = _load_model(config)
+    # the data first: a bad row is found in seconds, not after a model of several GB has loaded
     dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
+    model, processor = _load_model(config)
     peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision,
                                      family=anatomy_of(model).family) if model_args.use_peft else None
     prepared = prepare_stage(
@@ -801,6 +802,8 @@ def main(argv: list[str] | None = None) -> int:
         if prepared is not None:  # an error while training is no bad input: raised with its traceback
             raise
         logger.debug("train failed", exc_info=True)
+        if isinstance(err, DataError):
+            err = err.as_flags()  # names --on-bad-row / --on-bad-image, not the keywords
         return fail("train", err, details=True)  # a data or template error lists the rows at fault
     except KeyboardInterrupt:
         return fail("train", stopped_message(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)

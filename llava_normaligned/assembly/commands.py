@@ -123,15 +123,16 @@ def convert_main(argv: list[str] | None = None) -> int:
 
 
 def _report(model, output_dir: str) -> None:
+    """The line compose / convert end with: the variant as ``NormVariant.report`` says it (a model without a norm:
+    nothing of an init or GWC), T and D, the norm's mean |gain| where there is a norm, the image tokens."""
     from modeling_llava_normaligned import gain_statistics
 
     cfg = model.config
     norm = anatomy_of(model).projector_norm
-    gain = "n/a" if norm is None else f"{gain_statistics(norm.weight, norm.bias)['gain_abs_mean']:.5f}"
+    gain = "" if norm is None else f" mean|gain|={gain_statistics(norm.weight, norm.bias)['gain_abs_mean']:.5f}"
     print(
-        f"wrote {output_dir}: projector_norm={cfg.projector_norm} norm_init={cfg.norm_init} "
-        f"T={cfg.norm_target:.4f} D={cfg.text_config.hidden_size} mean|gain|={gain} "
-        f"GWC={cfg.gradient_compensation} image tokens/image={cfg.image_seq_length}"
+        f"wrote {output_dir}: {NormVariant.from_config(cfg).report()} "
+        f"T={cfg.norm_target:.4f} D={cfg.text_config.hidden_size}{gain} image tokens/image={cfg.image_seq_length}"
     )
 
 

@@ -5,6 +5,7 @@
 Loading is ``llava_normaligned.loading``'s (the flags of ``flags.add_load_flags``, read into a ``LoadOptions`` per
 model); the page is ``chat.page``'s. Every argument is checked and every model loaded before the page is served: a
 model that cannot be loaded, or a port that is taken, is one line and exit code 2. Gradio is imported only then.
+Ctrl-C, as the served page says, stops the server: ``llava-normaligned chat: stopped``, exit code 0 (``serve``).
 """
 
 from __future__ import annotations
@@ -104,26 +105,36 @@ def _stop(number, frame):
     raise SystemExit(TERMINATED)
 
 
+STOPPED = "llava-normaligned chat: stopped"  # the line a server stopped with Ctrl-C ends with
+
+
 def serve(models, args) -> None:
-    """Serve the page until Ctrl-C (or the process is stopped)."""
+    """Serve the page until Ctrl-C (or the process is stopped). Ctrl-C is how the page says to stop the server: it
+    ends with ``STOPPED`` and exit code 0, not as an interruption (that is Ctrl-C before the page is served, while
+    the models load: exit code 130, as every command). SIGTERM: exit code 143, the figures' folder removed."""
     import tempfile
 
     from .page import build_page
 
     signal.signal(signal.SIGTERM, _stop)  # a stopped server still removes its figures' folder
+    stopped = False
     with tempfile.TemporaryDirectory(prefix="llava-na-chat-") as folder:  # the figures
         page, theme, css = build_page(models, args.max_new_tokens, folder)
         page.queue(default_concurrency_limit=1)  # one answer at a time: the models are shared
         page.launch(server_name=args.host, server_port=args.port, share=False, prevent_thread_lock=True, quiet=True,
                     ssr_mode=False, mcp_server=False, theme=theme, css=css, allowed_paths=[folder])
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"llava-normaligned chat: serving http://{host}:{args.port} (Ctrl-C stops)", file=sys.stderr,
-              flush=True)
         try:
+            host = f"[{args.host}]" if ":" in args.host else args.host
+            print(f"llava-normaligned chat: serving http://{host}:{args.port} (Ctrl-C stops)", file=sys.stderr,
+                  flush=True)
             while page.is_running:
                 time.sleep(0.2)
+        except KeyboardInterrupt:  # Ctrl-C: the documented way to stop serving
+            stopped = True
         finally:
-            page.close()
+            page.close(verbose=False)  # gradio's own "Closing server running on port" line: ours says it
+    if stopped:
+        print(STOPPED, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

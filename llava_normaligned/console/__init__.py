@@ -2,7 +2,7 @@
 
 - ``errors``: the one error printer (``fail``), ``BadInput``, the exit codes of a stopped command;
 - ``held_output``: library output held while a command reads its arguments (``hold_library_output``, ``arguments_accepted``);
-- ``parsers``: the parser every command builds (``CommandParser``: one-line usage errors);
+- ``parsers``: the parser every command builds (``CommandParser``: one-line usage errors, no abbreviated flags);
 - ``checks``: the checks of a command's input (``NumberRule``, ``check_number(s)``, ``check_input_*``, ``check_output_*``);
 - ``output_folders``: no half-written output (``removed_unless_kept``);
 - ``notices``: the filters of known library notices (``quiet_known_notices``);

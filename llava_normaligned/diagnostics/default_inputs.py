@@ -125,7 +125,7 @@ def write_default_images(output_dir: str) -> list[str]:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Redraw the default diagnostic images.")
+    parser = argparse.ArgumentParser(description="Redraw the default diagnostic images.", allow_abbrev=False)
     parser.add_argument("--output-dir", default=None, help="default: the package's assets/diagnostics/images")
     return parser
 

@@ -421,7 +421,8 @@ def time_table() -> str:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(description="Print the memory table of docs/diagnostics.md (estimates).")
+    return argparse.ArgumentParser(description="Print the memory table of docs/diagnostics.md (estimates).",
+                                   allow_abbrev=False)
 
 
 def main(argv: list[str] | None = None) -> int:

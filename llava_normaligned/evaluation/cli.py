@@ -32,7 +32,7 @@ from llava_normaligned.console import (
     fail,
 )
 from llava_normaligned.flags import add_load_flags
-from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
+from llava_normaligned.loading import LoadOptions
 
 from .data import EvalDataError
 from .report import BaselineError, load_baseline, table_markdown
@@ -96,10 +96,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         for flag, folder in (("--output-dir", args.output_dir), ("--save-data", args.save_data)):
             if folder:
                 check_output_folder(flag, folder)
-        if args.model:  # a folder without weights, or a Hub id offline and not cached: before any data is read
-            check_source(args.model, "model", revision=args.revision)
         options = LoadOptions.from_args(args, source=args.model or "")  # --device, --dtype: names this package runs on
-    except (BadInput, SourceNotFound) as err:
+    except BadInput as err:
         raise EvalSetupError(str(err)) from None
     return EvalConfig(
         model=args.model,

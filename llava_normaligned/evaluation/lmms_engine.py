@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..local_paths import public_name
 from . import provenance
 from .report import ResultsWriter, load_baseline
-from .runner import EvalConfig, EvalSetupError, check_output, results_header
+from .runner import EvalConfig, EvalSetupError, check_model, check_output, results_header
 from .tasks import TASKS, resolve_tasks
 
 logger = logging.getLogger(__name__)
@@ -172,6 +172,7 @@ def evaluate_with_lmms(cfg: EvalConfig, baseline: dict | None = None) -> dict:
     if baseline is None and cfg.baseline:
         baseline = load_baseline(cfg.baseline)
     check_output(cfg)
+    check_model(cfg)
     try:
         config_header = _header(cfg)
     except (OSError, ValueError) as exc:

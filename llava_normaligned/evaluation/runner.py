@@ -113,6 +113,19 @@ def load_evaluated_model(cfg: EvalConfig):
         raise EvalSetupError(f"cannot load model {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
 
 
+def check_model(cfg: EvalConfig) -> None:
+    """A model that cannot be loaded (a missing folder, one without weights, a Hub id that cannot be looked up: see
+    ``loading.check_source``) is refused before any data is read, and after the checks of the arguments themselves
+    (tasks, output folder), which need neither the model nor the Hub."""
+    from llava_normaligned.loading import SourceNotFound, check_source
+
+    if cfg.model:
+        try:
+            check_source(cfg.model, "model", revision=cfg.revision)
+        except SourceNotFound as exc:
+            raise EvalSetupError(str(exc)) from None
+
+
 def check_output(cfg: EvalConfig) -> dict | None:
     """Refuse to touch an earlier run's files in --output-dir unless --overwrite or --resume says what to do.
     With --resume, return the earlier run's results.json, which :func:`check_resume` compares with this run."""
@@ -276,6 +289,7 @@ def evaluate(cfg: EvalConfig, baseline: dict | None = None) -> dict:
     if baseline is None and cfg.baseline:
         baseline = load_baseline(cfg.baseline)
     earlier_run = check_output(cfg) if cfg.output_dir else None
+    check_model(cfg)
     splits = load_splits(specs, cfg)
     if cfg.save_data:
         save_splits(specs, splits, cfg)

@@ -241,9 +241,14 @@ class Resume:
             )
 
 
-def _run_batch(model, processor, resume: Resume, args) -> None:
+EMPTY_ANSWER = ("the model's answer holds no text: it ended the answer at once (or generated only special tokens), as "
+                "an untrained or briefly trained model often does; nothing is wrong with the command")
+
+
+def _run_batch(model, processor, resume: Resume, args) -> int:
     """Answer the rows not yet answered, batch by batch, appending to ``<output>.partial``, renamed to ``<output>`` at
-    the end: a crash leaves the answers so far, which a rerun keeps, and never a file that looks complete."""
+    the end: a crash leaves the answers so far, which a rerun keeps, and never a file that looks complete. Returns
+    how many of this run's answers are empty."""
     from llava_normaligned.generation import generate_batch
 
     partial, settings_path = Resume.paths(args.output)
@@ -257,6 +262,7 @@ def _run_batch(model, processor, resume: Resume, args) -> None:
         os.truncate(partial, resume.keep_bytes)  # drop a line cut by a crash
         if not args.quiet:
             print(f"resuming: {resume.done}/{len(rows)} answers already in {partial}", file=sys.stderr)
+    empty = 0
     with open(partial, "a", encoding="utf-8") as out:
         for start in range(resume.done, len(rows), args.batch_size):
             chunk = rows[start : start + args.batch_size]
@@ -275,10 +281,12 @@ def _run_batch(model, processor, resume: Resume, args) -> None:
                 for row, answer in zip(chunk, answers)
             )
             out.flush()
+            empty += sum(not answer for answer in answers)
             if not args.quiet:
                 print(f"answered {min(start + args.batch_size, len(rows))}/{len(rows)}", file=sys.stderr)
     os.replace(partial, args.output)
     os.remove(settings_path)
+    return empty
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,13 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print(f"{args.model}: {report.summary()}", file=sys.stderr)
     if resume is not None:
-        _run_batch(model, processor, resume, args)
+        empty = _run_batch(model, processor, resume, args)
         if not args.quiet:
             print(f"wrote {len(resume.rows)} answers to {args.output}", file=sys.stderr)
+        if empty:  # said even with --quiet: an empty "answer" field looks like a broken command
+            print(f"{empty} of {len(resume.rows) - resume.done} answers are empty: {EMPTY_ANSWER}", file=sys.stderr)
         return 0
     from llava_normaligned.generation import stream_answer
 
-    stream_answer(
+    answer = stream_answer(
         model,
         processor,
         args.prompt,
@@ -315,4 +325,6 @@ def main(argv: list[str] | None = None) -> int:
         temperature=args.temperature,
         system=args.system,
     )
+    if not answer:
+        print(f"(empty answer) {EMPTY_ANSWER}", file=sys.stderr)
     return 0

@@ -18,7 +18,8 @@ import sys
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llava_normaligned.serving.vllm_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m llava_normaligned.serving.vllm_check",
+                                     description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("model", help="checkpoint folder (or Hub id)")
     parser.add_argument("--image", help="image file for the prompt")
     parser.add_argument("--prompt", help="the user's text; the image goes before it")

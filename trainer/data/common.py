@@ -18,12 +18,30 @@ BAD_ROW_POLICIES = ("error", "skip")
 IMAGE_CHECKS = ("auto", "open", "exists", "none")
 MAX_LISTED = 10  # problems quoted in an error message
 CHUNK_ROWS = 65_536  # rows converted to Arrow at a time
-LOADED_FORMAT = "loaded-v1"  # changes whenever the parsed columns would change for the same inputs
+LOADED_FORMAT = "loaded-v2"  # changes whenever the parsed columns would change for the same inputs (v2: absolute image paths)
 PROGRESS_SECONDS = 5.0  # phases longer than this log their count and rate
 
 
 class DataError(ValueError):
-    """A training row that cannot be used, named by its file, index and id."""
+    """A training row that cannot be used, named by its file, index and id.
+
+    ``policy``: the keyword whose ``'skip'`` drops such rows (``"on_bad_row"``, ``"on_bad_image"``), or ``None``. The
+    message names that keyword; ``as_flags()`` names the command-line flag of the same name instead."""
+
+    def __init__(self, problem: str, policy: str | None = None, *, way_out: str | None = None):
+        self.problem, self.policy = problem, policy
+        if policy is not None and way_out is None:
+            way_out = f"pass {policy}='skip' to drop such rows"
+        # a one-line problem keeps its way out on its line; a listing of rows ends with it
+        joint = "\n" if "\n" in problem else " "
+        super().__init__(problem if way_out is None else f"{problem}{joint}({way_out})")
+
+    def as_flags(self) -> DataError:
+        """The same error as a command reports it: the flag (``--on-bad-row skip``) instead of the keyword."""
+        if self.policy is None:
+            return self
+        return DataError(self.problem, self.policy,
+                         way_out=f"pass --{self.policy.replace('_', '-')} skip to drop such rows")
 
 
 class _RowProblem(Exception):

@@ -143,10 +143,8 @@ def _apply_image_policy(bad: dict[int, str], policy: str, report: DataReport, na
     listed = [f"{name(p)}: {bad[p]}" for p in listed_rows]
     text = "\n  ".join(listed)
     if policy == "error":
-        raise DataError(
-            f"{len(bad)} row(s) have a missing or unreadable image:\n  {text}\n"
-            "Fix the paths (--image-folder) or pass on_bad_image='skip' (--on-bad-image skip) to drop these rows."
-        )
+        raise DataError(f"{len(bad)} row(s) have a missing or unreadable image (fix the image paths or the image "
+                        f"folder they are relative to):\n  {text}", policy="on_bad_image")
     logger.warning("skipping %d row(s) with a missing or unreadable image:\n  %s", len(bad), text)
     report.bad_images_skipped += len(bad)
     for message in listed:
@@ -156,7 +154,7 @@ def _apply_image_policy(bad: dict[int, str], policy: str, report: DataReport, na
 
 def _bad_row(err: DataError, policy: str, report: DataReport) -> None:
     if policy == "error":
-        raise DataError(f"{err} (pass on_bad_row='skip' / --on-bad-row skip to drop such rows)") from None
+        raise DataError(str(err), policy="on_bad_row") from None
     report.bad_rows_skipped += 1
     report.note(f"skipped: {err}")
 

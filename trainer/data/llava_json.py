@@ -108,7 +108,8 @@ def parse_llava_file(rows, path: str, file_index: int, image_folder, columns: Ar
     common row (a human turn first, string values, known roles) takes the fused loop below; anything else goes
     through ``_llava_messages``, which names the problem."""
     base = os.path.basename(path)
-    prefix = os.path.join(image_folder, "") if image_folder is not None else None
+    # absolute, as the cache key's folder is: the cached rows must not depend on the directory the first run was in
+    prefix = os.path.join(os.path.abspath(image_folder), "") if image_folder is not None else None
     roles = LLAVA_ROLES
     add = columns.add
     index = -1
