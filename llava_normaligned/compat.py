@@ -122,6 +122,12 @@ HOOKS: dict[str, Hook] = {hook.name: hook for hook in (
          "while training, vision layers whose output LLaVA never reads pass their input through: an instance "
          "attribute ``forward`` that nn.Module.__call__ (and its hooks) calls instead of the class's",
          "test_module_forward_hook", "_probe_module_forward", assigns=("forward",)),
+    Hook("trl_fused_head_compact", "trl", ">=1.16,<1.17", ("_use_triton",),
+         "TRL's fused LM head (SFTTrainer) runs the LM head on the labelled positions only where its module global "
+         "_use_triton says the device is a Triton one, and on every position elsewhere (for compilers that would "
+         "recompile per shape); an eager CPU has no such cost, so while this package's trainer computes a loss the "
+         "CPU counts as compacting",
+         "test_trl_fused_head_compact_hook", "_probe_trl_fused_head", assigns=("_use_triton",)),
     Hook("vllm_llava_projector", "vllm", ">=0.32,<0.33", (),
          "vLLM's LLaVA builds this package's projector where it would build its own (its module global "
          "LlavaMultiModalProjector, replaced while its __init__ runs), so all its bookkeeping stays right",
@@ -604,6 +610,41 @@ def _probe_module_forward() -> None:
         _require(int(module(torch.zeros(())).item()) == 1, "nn.Module.__call__ no longer calls an instance forward")
     finally:
         del module.forward
+
+
+# --------------------------------------------------------------------------------------------------------- TRL
+
+
+@contextmanager
+def fused_head_compacted_on_cpu():
+    """Within the context, TRL's fused LM head (``SFTTrainer``'s loss) runs the LM head and its log-softmax on the
+    labelled positions only on the CPU too, as it does on Triton devices: the same per-token values (scattered back
+    into the ``(batch, length - 1)`` layout its metrics read), without the vocabulary-wide rows of the positions that
+    carry no label. Its module global ``_use_triton`` is replaced for the context only, so a stock ``SFTTrainer``
+    in the same process is left as TRL made it."""
+    ensure("trl_fused_head_compact")
+    from trl.trainer import utils
+
+    original = utils._use_triton
+
+    def compacting(device) -> bool:
+        return getattr(device, "type", device) == "cpu" or original(device)
+
+    utils._use_triton = compacting
+    try:
+        yield
+    finally:
+        utils._use_triton = original
+
+
+def _probe_trl_fused_head() -> None:
+    import inspect
+
+    from trl.trainer import utils
+
+    _require(callable(getattr(utils, "_use_triton", None)), "trl.trainer.utils has no _use_triton")
+    source = inspect.getsource(utils.add_fused_lm_head)
+    _require("compact = _use_triton(" in source, "TRL's fused LM head no longer decides its compaction by _use_triton")
 
 
 # -------------------------------------------------------------------------------------------------------- vLLM

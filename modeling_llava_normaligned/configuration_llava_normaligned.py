@@ -34,6 +34,11 @@ class LlavaNormAlignedConfig(LlavaConfig):
         1 / clamp(mean |g|, gradient_compensation_min) (paper §5.1, Appendix D).
     gradient_compensation_min (`float`, defaults to 1e-3):
         The clamp δ of GWC.
+    loss_at_labels_only (`bool`, defaults to `True`):
+        In training mode with `labels`, run the LM head and the cross-entropy on the positions whose next token has
+        a label only (the image tokens, system prompt and question carry none), in chunks, and return no `logits`.
+        The loss and every gradient are those of the full path within float32 round-off. `False`, or eval mode, or
+        no `labels`: stock LLaVA's full logits.
     """
 
     model_type = "llava_normaligned"
@@ -43,6 +48,7 @@ class LlavaNormAlignedConfig(LlavaConfig):
     norm_init: str = "target"
     gradient_compensation: bool = True
     gradient_compensation_min: float = 1e-3
+    loss_at_labels_only: bool = True
 
     def __post_init__(self, **kwargs):
         # Validated before the parent runs so that a bad value is a ValueError naming its field.

@@ -10,15 +10,18 @@ call the base model directly. This file is pushed to the Hub with every checkpoi
 and its sibling configuration file only.
 """
 
+import inspect
 import math
 import re
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModel, GenerationMixin
 from transformers import initialization as init
 from transformers.models.llava.modeling_llava import (
+    LlavaCausalLMOutputWithPast,
     LlavaForConditionalGeneration,
     LlavaModel,
     LlavaMultiModalProjector,
@@ -361,6 +364,67 @@ class LlavaNormAlignedModel(LlavaNormAlignedPreTrainedModel, LlavaModel):
         self.post_init()
 
 
+# ------------------------------------------------------------------------------ the loss at labelled positions
+# A LLaVA row's image tokens, system prompt and question carry no label, yet the full path turns each of them into a
+# vocabulary-wide row of logits: at 2,048 tokens and a 152K vocabulary that is 1.2 GB of float32 a row.
+
+_LLAVA_FORWARD = inspect.signature(LlavaForConditionalGeneration.forward)
+LOSS_CHUNK_ROWS = 2048  # labelled positions through the LM head at a time (each chunk recomputed in backward)
+
+
+def _chunk_nll(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy of ``targets`` (n,) under ``lm_head(hidden)`` (n, D) -> (n, V), in float32 as
+    transformers' causal-LM loss computes it."""
+    return F.cross_entropy(lm_head(hidden).float(), targets, reduction="sum")
+
+
+def labelled_positions_loss(
+    hidden_states: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor | None = None,
+    *,
+    shift_labels: torch.Tensor | None = None,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    ignore_index: int = -100,
+    chunk_rows: int = LOSS_CHUNK_ROWS,
+) -> torch.Tensor:
+    """The causal-LM loss of transformers (``ForCausalLMLoss``: next-token cross-entropy, summed and divided by
+    ``num_items_in_batch``, else averaged over the labelled positions), computed through ``lm_head`` at the labelled
+    positions only.
+
+    Args:
+        hidden_states (`torch.Tensor` of shape `(batch_size, sequence_length, hidden_size)`): the LLM's last hidden
+            states.
+        lm_head (`nn.Module`): hidden states -> logits over the vocabulary.
+        labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`): the token ids to predict, unshifted,
+            `ignore_index` where there is none; or
+        shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`): already shifted (position i
+            holds the label of the token after i), as sequence-parallel trainers pass them.
+        num_items_in_batch: the labelled positions of the whole optimizer step (gradient accumulation), if known.
+        chunk_rows: positions through the LM head at a time; with gradients on, each chunk's logits are recomputed
+            in backward instead of kept, so memory holds one chunk's `(chunk_rows, vocab_size)` at most.
+
+    Returns:
+        `torch.Tensor`: the scalar loss (0, connected to the graph, when no position is labelled).
+    """
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    shift_labels = shift_labels.to(hidden_states.device)
+    mask = shift_labels != ignore_index  # (B, L)
+    rows, targets = hidden_states[mask], shift_labels[mask]  # (n, D), (n,)
+    total = rows.sum() * 0.0  # keeps an all-unlabelled batch connected to the model
+    recompute = torch.is_grad_enabled() and rows.requires_grad and len(rows) > chunk_rows
+    for start in range(0, len(rows), chunk_rows):
+        piece = (rows[start : start + chunk_rows], targets[start : start + chunk_rows])
+        total = total + (checkpoint(_chunk_nll, lm_head, *piece, use_reentrant=False) if recompute
+                         else _chunk_nll(lm_head, *piece))
+    if num_items_in_batch is None:
+        return total / mask.sum().clamp(min=1)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
 class LlavaNormAlignedForConditionalGeneration(
     LlavaNormAlignedPreTrainedModel, LlavaForConditionalGeneration, GenerationMixin
 ):
@@ -375,6 +439,39 @@ class LlavaNormAlignedForConditionalGeneration(
         self.lm_head = nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
         self.post_init()
 
+    def loss_at_labels_only(self, labels) -> bool:
+        """Whether this call computes the loss at the labelled positions only (``config.loss_at_labels_only``):
+        training with labels; evaluation and generation get the full logits."""
+        return labels is not None and self.training and getattr(self.config, "loss_at_labels_only", True)
+
+    def forward(self, *args, **kwargs) -> LlavaCausalLMOutputWithPast:
+        """Stock LLaVA's forward (same arguments and output), except in training mode with ``labels`` (and
+        ``config.loss_at_labels_only``): the LM head and the cross-entropy run at the labelled positions only
+        (``labelled_positions_loss``) and ``logits`` is ``None``."""
+        arguments = _LLAVA_FORWARD.bind(self, *args, **kwargs).arguments  # by name, as stock LLaVA reads them
+        arguments.pop("self")
+        arguments.update(arguments.pop("kwargs", {}))
+        labels = arguments.pop("labels", None)
+        if not self.loss_at_labels_only(labels):
+            return super().forward(labels=labels, **arguments)
+        shift_labels = arguments.pop("shift_labels", None)
+        num_items_in_batch = arguments.pop("num_items_in_batch", None)
+        arguments.pop("logits_to_keep", None)  # the labels decide which positions reach the head
+        outputs = self.model(**arguments)
+        loss = labelled_positions_loss(outputs[0], self.lm_head, labels, shift_labels=shift_labels,
+                                       num_items_in_batch=num_items_in_batch)
+        return LlavaCausalLMOutputWithPast(
+            loss=loss,
+            logits=None,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            image_outputs=outputs.image_outputs,
+        )
+
+    # stock LLaVA's signature, which generate() checks its keyword arguments against
+    forward.__signature__ = _LLAVA_FORWARD
+
 
 __all__ = [
     "TEXT_NORM_EPS",
@@ -387,6 +484,7 @@ __all__ = [
     "gain_init",
     "gain_statistics",
     "image_token_id_of",
+    "labelled_positions_loss",
     "model_norm_target",
     "norm_gain_init",
     "text_embedding_norm_target",

@@ -368,6 +368,40 @@ def test_module_forward_hook():
     assert not torch.equal(layer(x), x)  # the class's forward is back
 
 
+# --------------------------------------------------------------------------------------------------------- TRL
+
+
+def test_trl_fused_head_compact_hook(monkeypatch):
+    """TRL's fused LM head decides by its module global ``_use_triton`` whether only the labelled positions reach
+    its chunked log-prob function: with the hook, on the CPU, only they do; without it, every position."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer import utils
+
+    compat._probe_trl_fused_head()
+    rows = []
+    chunked = utils._ChunkedLogProbFunction
+
+    class Recording(chunked):
+        @staticmethod
+        def forward(ctx, hidden, *args):
+            rows.append(hidden.shape[0])
+            return chunked.forward(ctx, hidden, *args)
+
+    monkeypatch.setattr(utils, "_ChunkedLogProbFunction", Recording)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    utils.add_fused_lm_head(model)
+    ids = torch.randint(0, 64, (2, 10))
+    labels = ids.clone()
+    labels[:, :7] = -100  # tokens 7-9 of each row labelled: 3 positions a row predict them
+    with compat.fused_head_compacted_on_cpu():
+        compact = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    full = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    assert rows == [2 * 3, 2 * 9]  # the labelled positions only; every position of (2, 10 - 1)
+    torch.testing.assert_close(compact.loss, full.loss)
+
+
 # -------------------------------------------------------------------------------------------------------- vLLM
 
 

@@ -34,7 +34,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig, SFTTrainer
 
-from llava_normaligned.compat import TrainerHooks
+from llava_normaligned.compat import TrainerHooks, fused_head_compacted_on_cpu
 from llava_normaligned.console import BadInput, keep_notices_of
 from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.io import write_json_atomic
@@ -170,7 +170,10 @@ class LlavaStageTrainer(TrainerHooks, SFTTrainer):
         skipped = inputs.pop(SKIPPED_KEY, None)
         if skipped is not None and model.training:  # evaluation batches are not training rows
             self.skipped_rows += int(skipped)
-        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        # the LM head at the labelled positions only, on the CPU as on GPUs (TRL's fused head; compat)
+        with fused_head_compacted_on_cpu():
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
