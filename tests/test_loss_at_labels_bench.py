@@ -13,6 +13,7 @@ BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
 pytest.importorskip("gguf", reason="the SmolLM2 GGUF file needs the gguf package (in .[dev])")
 
 
+@pytest.mark.slow
 def test_the_bench_times_both_paths_full_and_compacted(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(BENCHMARKS)
     import bench_loss_at_labels
