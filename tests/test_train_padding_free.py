@@ -169,3 +169,18 @@ def test_packing_and_pad_to_multiple_of_are_refused(tiny_model_dir, tiny_process
     with pytest.raises(ValueError, match="pad_to_multiple_of .* padding_free"):
         train_stage(model, tiny_processor, dataset, args=cpu_config(tmp_path / "b", padding_free=True,
                                                                     pad_to_multiple_of=8), stage=2)
+
+
+def test_a_batch_without_padding_stays_as_the_padded_batch(rows):
+    """Nothing to remove (rows of one length, as stage-1 rows at the paper's shape nearly are): the batch is the
+    padded collator's, so it runs the padded path and costs what padded costs; one row of another length packs."""
+    batch_rows, processor = rows
+    same = [batch_rows[0]] * 3
+    padded = LlavaTrainingCollator(processor)(same)
+    free = LlavaTrainingCollator(processor, padding_free=True)(same)
+    assert bool(padded["attention_mask"].all())  # no padding in it
+    assert free.keys() == padded.keys() and "position_ids" not in free
+    assert all(torch.equal(free[k], padded[k]) for k in padded if isinstance(padded[k], torch.Tensor))
+    lengths = LlavaTrainingCollator(processor)(batch_rows[:2])["attention_mask"].sum(1)
+    assert lengths[0] != lengths[1]
+    assert "position_ids" in LlavaTrainingCollator(processor, padding_free=True)(batch_rows[:2])  # packed

@@ -113,7 +113,9 @@ class LlavaTrainingCollator:
             keeps its shape on every rank), is logged and counted.
         pad_to_multiple_of: pad the sequence length to a multiple of this.
         padding_free: return the rows as one packed row without pad tokens (``padding_free.pack_rows``:
-            ``input_ids``/``labels``/``position_ids`` of shape (1, N), no attention mask).
+            ``input_ids``/``labels``/``position_ids`` of shape (1, N), no attention mask), for a batch that has
+            padding; a batch without any (rows of one length, one row) stays as it is, where packing would remove
+            nothing and the row-by-row attention would only cost.
         report_skips: add ``skipped_rows`` (a count) to each batch, for a trainer that pops it (``train.py``'s).
         images_per_text: give the processor one list of images per row (``Family.images_per_text``: Gemma3's
             processor counts the images of each sample) instead of one flat list.
@@ -224,7 +226,7 @@ class LlavaTrainingCollator:
         batch["labels"] = self._labels(batch, rows, usable)
         batch.pop("offset_mapping")
         batch.pop("text_replacement_offsets", None)
-        if self.padding_free:
+        if self.padding_free and not bool(batch["attention_mask"].all()):  # nothing to remove: the padded layout
             batch = pack_rows(batch, IGNORE_INDEX)
         skipped = usable.count(False)
         self.skipped += skipped

@@ -19,6 +19,10 @@ costs (sum of lengths)^2 where the rows need the sum of their squares, the LLM's
 training, to ``PACKED_SDPA``: transformers' own sdpa run row by row (``is_causal``, no mask), registered with
 transformers' public ``AttentionInterface``. The vision tower is not touched (it sees whole images, never packed).
 
+A batch without padding (rows of one length) is left as it is: packing would remove nothing, and the row-by-row
+attention costs where the padded batch runs one sdpa call (stage-1 rows at the paper's shape, all 729 image tokens and
+a caption, measured 0.94x when packed). Such a batch runs exactly the padded path.
+
 The losses and gradients are the padded batch's: the loss is summed over the same answer tokens and divided by the
 same count (the Trainer's ``num_items_in_batch``, which counts ``labels[..., 1:]`` across the accumulated batches
 exactly as for padded batches).
