@@ -63,6 +63,13 @@ def _bf16_cpu() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def write_record(path: str | None, record: dict) -> None:
+    """The results as JSON at ``path`` (nothing when ``None``)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=1)
+
+
 def _step(model, optimizer, batch, path: str, compact: bool, bf16: bool) -> float:
     from llava_normaligned.compat import fused_head_compacted_on_cpu
 
@@ -124,9 +131,7 @@ def main(argv=None) -> int:
                                             "all_labelled_only": [round(s, 3) for s in seconds[(path, True)]]}
         print(f"{path:5s}: full LM head {full:.2f} s/step, labelled positions only {compact:.2f} s/step "
               f"({full / compact:.2f}x)")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1)
+    write_record(args.json, result)
     return 0
 
 

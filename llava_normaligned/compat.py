@@ -621,8 +621,16 @@ def fused_head_compacted_on_cpu():
     labelled positions only on the CPU too, as it does on Triton devices: the same per-token values (scattered back
     into the ``(batch, length - 1)`` layout its metrics read), without the vocabulary-wide rows of the positions that
     carry no label. Its module global ``_use_triton`` is replaced for the context only, so a stock ``SFTTrainer``
-    in the same process is left as TRL made it."""
-    ensure("trl_fused_head_compact")
+    in the same process is left as TRL made it. A TRL whose fused head no longer decides by that name gets no
+    replacement (one WARNING): the loss is TRL's own, only slower on a CPU."""
+    try:
+        ensure("trl_fused_head_compact")
+    except CompatError as error:
+        if "trl_fused_head_compact" not in _told:
+            _told.add("trl_fused_head_compact")
+            logger.warning("the LM head runs on every position on the CPU: %s", error)
+        yield
+        return
     from trl.trainer import utils
 
     original = utils._use_triton

@@ -414,7 +414,7 @@ def _hub_offline() -> bool:
 # DNS and a TCP connect to the Hub take well under a second where it is reachable; huggingface_hub itself retries an
 # unreachable one with backoff for about 25 s per lookup before it gives up.
 HUB_CONNECT_TIMEOUT = 3.0
-_HUB_UNREACHABLE: dict[tuple, str | None] = {}  # (host, port) -> why it cannot be reached (None: it can), per process
+_HUB_REACHED: set[tuple] = set()  # (host, port) reached once in this process: not asked again
 
 
 def _connect(host: str, port: int, timeout: float) -> str | None:
@@ -429,9 +429,10 @@ def hub_unreachable(timeout: float = HUB_CONNECT_TIMEOUT) -> str | None:
     """Why the Hub endpoint (``huggingface_hub.constants.ENDPOINT``, which honours ``HF_ENDPOINT``) cannot be
     reached from here, or None when it can: DNS and a TCP connect to it (to the proxy instead, where the environment
     sets one for it, as the Hub client would), within ``timeout`` seconds in all (a DNS lookup has no timeout of its
-    own, so it runs in a thread that is not waited for beyond it). Asked once per process and place: a lookup
-    that cannot happen is refused at once instead of after the Hub client's retries. Only a failed connection counts
-    as unreachable; an endpoint this cannot read is left to the Hub client."""
+    own, so it runs in a thread that is not waited for beyond it). A place reached once is not asked again in this
+    process; one that failed is asked again next time (a network that comes back is seen). A lookup that cannot
+    happen is refused at once instead of after the Hub client's retries. Only a failed connection counts as
+    unreachable; an endpoint this cannot read is left to the Hub client."""
     from huggingface_hub import constants
 
     parts = urllib.parse.urlsplit(constants.ENDPOINT)
@@ -446,13 +447,16 @@ def hub_unreachable(timeout: float = HUB_CONNECT_TIMEOUT) -> str | None:
         return None
     if not host:
         return None
-    if (host, port) not in _HUB_UNREACHABLE:
-        answer: list[str | None] = []
-        probe = threading.Thread(target=lambda: answer.append(_connect(host, port, timeout)), daemon=True)
-        probe.start()
-        probe.join(timeout)
-        _HUB_UNREACHABLE[host, port] = answer[0] if answer else f"no answer from {host} within {timeout:g} s"
-    return _HUB_UNREACHABLE[host, port]
+    if (host, port) in _HUB_REACHED:
+        return None
+    answer: list[str | None] = []
+    probe = threading.Thread(target=lambda: answer.append(_connect(host, port, timeout)), daemon=True)
+    probe.start()
+    probe.join(timeout)
+    why = answer[0] if answer else f"no answer from {host} within {timeout:g} s"
+    if why is None:
+        _HUB_REACHED.add((host, port))
+    return why
 
 
 def _in_hub_cache(name: str, revision: str | None) -> bool:

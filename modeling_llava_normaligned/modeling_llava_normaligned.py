@@ -374,8 +374,9 @@ LOSS_CHUNK_ROWS = 2048  # labelled positions through the LM head at a time (each
 
 def _chunk_nll(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Summed cross-entropy of ``targets`` (n,) under ``lm_head(hidden)`` (n, D) -> (n, V), in float32 as
-    transformers' causal-LM loss computes it."""
-    return F.cross_entropy(lm_head(hidden).float(), targets, reduction="sum")
+    transformers' causal-LM loss computes it (on the head's device, where a model split across devices has it)."""
+    logits = lm_head(hidden).float()
+    return F.cross_entropy(logits, targets.to(logits.device), reduction="sum")
 
 
 def labelled_positions_loss(
@@ -412,14 +413,15 @@ def labelled_positions_loss(
     shift_labels = shift_labels.to(hidden_states.device)
     mask = shift_labels != ignore_index  # (B, L)
     rows, targets = hidden_states[mask], shift_labels[mask]  # (n, D), (n,)
-    total = rows.sum() * 0.0  # keeps an all-unlabelled batch connected to the model
+    # an empty chunk: 0, with the head in the graph even for a batch without labels (DDP waits for every parameter)
+    total = _chunk_nll(lm_head, rows[:0], targets[:0])
     recompute = torch.is_grad_enabled() and rows.requires_grad and len(rows) > chunk_rows
     for start in range(0, len(rows), chunk_rows):
         piece = (rows[start : start + chunk_rows], targets[start : start + chunk_rows])
         total = total + (checkpoint(_chunk_nll, lm_head, *piece, use_reentrant=False) if recompute
                          else _chunk_nll(lm_head, *piece))
     if num_items_in_batch is None:
-        return total / mask.sum().clamp(min=1)
+        return total / mask.sum().clamp(min=1).to(total.device)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
@@ -454,20 +456,19 @@ class LlavaNormAlignedForConditionalGeneration(
         labels = arguments.pop("labels", None)
         if not self.loss_at_labels_only(labels):
             return super().forward(labels=labels, **arguments)
+        return_dict = arguments.pop("return_dict", None)
         shift_labels = arguments.pop("shift_labels", None)
         num_items_in_batch = arguments.pop("num_items_in_batch", None)
         arguments.pop("logits_to_keep", None)  # the labels decide which positions reach the head
-        outputs = self.model(**arguments)
-        loss = labelled_positions_loss(outputs[0], self.lm_head, labels, shift_labels=shift_labels,
+        outputs = self.model(**arguments, return_dict=True)
+        loss = labelled_positions_loss(outputs.last_hidden_state, self.lm_head, labels, shift_labels=shift_labels,
                                        num_items_in_batch=num_items_in_batch)
-        return LlavaCausalLMOutputWithPast(
-            loss=loss,
-            logits=None,
-            cache=outputs.cache,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            image_outputs=outputs.image_outputs,
-        )
+        # the base model's fields by their names (the cache and image fields were renamed between releases)
+        output = LlavaCausalLMOutputWithPast(
+            loss=loss, logits=None, **{key: value for key, value in outputs.items() if key != "last_hidden_state"})
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return output if return_dict else output.to_tuple()
 
     # stock LLaVA's signature, which generate() checks its keyword arguments against
     forward.__signature__ = _LLAVA_FORWARD

@@ -58,12 +58,18 @@ def test_generate_batch_counts_the_empty_answers(ends_at_once, tmp_path, capsys)
 
 
 def test_generate_is_silent_about_answers_that_have_text(tiny_model_dir, tmp_path, capsys):
+    """The same model made to say something (every special token suppressed): an answer, and no note."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "says-something")
+    config = GenerationConfig.from_pretrained(folder)
+    config.suppress_tokens = sorted(AutoTokenizer.from_pretrained(folder).all_special_ids)
+    config.save_pretrained(folder)
     Image.new("RGB", (32, 32), "red").save(tmp_path / "red.png")
-    assert generate_main([tiny_model_dir, "--image", str(tmp_path / "red.png"), "--prompt", "What colour?",
+    assert generate_main([str(folder), "--image", str(tmp_path / "red.png"), "--prompt", "What colour?",
                           "--max-new-tokens", "4"]) == 0
     out, err = capsys.readouterr()
-    if out.strip():  # the random tiny model said something: no note
-        assert "empty answer" not in err
+    assert out.strip() and "empty answer" not in err
 
 
 @pytest.fixture
@@ -94,7 +100,8 @@ def test_rl_data_has_the_flag_its_message_names(malformed, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "img-3" in err and "--on-bad-row skip" in err and "on_bad_row=" not in err
     assert rl_data_main([*common, "--output-dir", str(tmp_path / "kept"), "--on-bad-row", "skip"]) == 0
-    assert "5 rows from 5" in capsys.readouterr().out  # the malformed row dropped, the others written
+    out = capsys.readouterr().out
+    assert "5 rows from 5" in out and "1 malformed rows skipped" in out  # the malformed row dropped and counted
 
 
 def test_rl_data_skips_a_missing_image_when_asked(tmp_path, capsys):
@@ -105,7 +112,8 @@ def test_rl_data_skips_a_missing_image_when_asked(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "2.png" in err and "--on-bad-image skip" in err and "on_bad_image=" not in err
     assert rl_data_main([*common, "--output-dir", str(tmp_path / "kept"), "--on-bad-image", "skip"]) == 0
-    assert "3 rows from 3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "3 rows from 3" in out and "1 rows with a missing or unreadable image skipped" in out
 
 
 def test_train_finds_a_malformed_row_before_the_model_loads(malformed, tiny_model_dir, tmp_path, capsys, caplog):

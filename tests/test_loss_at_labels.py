@@ -60,11 +60,14 @@ def test_the_loss_equals_the_full_cross_entropy(chunk_rows, num_items):
 
 
 def test_a_batch_without_labels_is_a_connected_zero():
+    """0, with the hidden states and the head in the graph: a rank whose batch holds no label still gives every
+    parameter a gradient (DDP waits for each)."""
     hidden = torch.randn(1, 4, 8, requires_grad=True)
     head = torch.nn.Linear(8, 10, bias=False)
     loss = labelled_positions_loss(hidden, head, torch.full((1, 4), -100))
     loss.backward()
     assert loss.item() == 0.0 and torch.count_nonzero(hidden.grad) == 0
+    assert head.weight.grad is not None and torch.count_nonzero(head.weight.grad) == 0
 
 
 def _llava_batch(model, padding_free: bool):
@@ -117,6 +120,16 @@ def test_the_models_forward_trains_as_the_full_path(tiny_model_dir, padding_free
     _assert_same_gradients(compact_grads, full_grads)
     assert {n for n in compact_grads if "vision_tower" in n} and "model.multi_modal_projector.norm.weight" in \
         compact_grads  # the vision tower and the norm are among the parameters compared
+
+
+def test_return_dict_false_gives_the_tuple(tiny_model_dir):
+    model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir).train()
+    batch = _llava_batch(model, padding_free=False)
+    as_tuple = model(**batch, return_dict=False)
+    as_output = model(**batch)
+    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], as_output.loss)  # (loss, ...) without logits
+    model.config.return_dict = False
+    assert isinstance(model(**batch), tuple)
 
 
 def test_evaluation_and_generation_keep_the_full_logits(tiny_model_dir):

@@ -124,7 +124,7 @@ def test_a_reachable_hub_is_still_asked(answering_hub, tmp_path):
     assert "cannot be reached" not in lines["error"]
 
 
-def test_reachability_is_asked_once_per_endpoint_and_honours_a_proxy(answering_hub, monkeypatch):
+def test_a_reachable_endpoint_is_asked_once_an_unreachable_one_again_and_a_proxy_counts(answering_hub, monkeypatch):
     import huggingface_hub.constants
 
     from llava_normaligned import loading
@@ -132,7 +132,7 @@ def test_reachability_is_asked_once_per_endpoint_and_honours_a_proxy(answering_h
     for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
-    monkeypatch.setattr(loading, "_HUB_UNREACHABLE", {})
+    monkeypatch.setattr(loading, "_HUB_REACHED", set())
     connects = []
     connect = loading._connect
     monkeypatch.setattr(loading, "_connect", lambda *args: connects.append(args[:2]) or connect(*args))
@@ -148,5 +148,6 @@ def test_reachability_is_asked_once_per_endpoint_and_honours_a_proxy(answering_h
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", answering_hub)
     monkeypatch.setenv("HTTP_PROXY", closed)
     assert loading.hub_unreachable() is not None
-    # each place asked once, whether as the endpoint or as its proxy
-    assert connects == [("127.0.0.1", int(url.rsplit(":", 1)[1])) for url in (answering_hub, closed)]
+    # the reachable place asked once, whether as the endpoint or as its proxy; the unreachable one each time (a
+    # network that comes back is seen)
+    assert connects == [("127.0.0.1", int(url.rsplit(":", 1)[1])) for url in (answering_hub, closed, closed)]

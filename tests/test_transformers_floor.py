@@ -21,3 +21,4 @@ def test_the_transformers_floor_trains_loads_and_generates(tmp_path):
     report = run_with_release("transformers", floor_of("transformers"), "transformers_floor_check.py", tmp_path)
     assert len(report["stock_losses"]) == 2 and len(report["train_stage_losses"]) == 2
     assert report["collator_labelled"] > 0 and report["loaded"] == "LlavaNormAlignedForConditionalGeneration"
+    assert report["labelled_positions_loss"] > 0  # the model's own training forward on the floor release

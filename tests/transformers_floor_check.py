@@ -29,11 +29,19 @@ def main(workdir: str) -> None:
 
     model, processor = load_model(result.output_dir)
     assert type(model).__name__ == type(result.model).__name__, type(model).__name__
+    # the model's own forward in training (a plain Trainer's or a loop's): the loss at the labelled positions only
+    model.train()
+    outputs = model(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "pixel_values",
+                                                                  "labels")})
+    outputs.loss.backward()
+    assert outputs.logits is None and float(outputs.loss) > 0, "the loss at labelled positions"
+    model.eval()
     image = Image.new("RGB", (32, 32), (200, 30, 30))
     answers = generate_batch(model, processor, ["What colour is the image?"], [image], max_new_tokens=4)
     assert len(answers) == 1 and isinstance(answers[0], str)
     report.update(collator_labelled=labelled, collator_unlabelled_text=unlabelled_text,
                   pixel_table=PixelTable.of(processor.image_processor) is not None, loaded=type(model).__name__,
+                  labelled_positions_loss=float(outputs.loss),
                   answer=answers[0])
     print(json.dumps(report))
 

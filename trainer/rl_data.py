@@ -50,6 +50,8 @@ class RLDataReport:
     """What the conversion kept and dropped."""
 
     rows_read: int = 0  # rows the LLaVA loader kept
+    bad_rows_skipped: int = 0  # malformed rows dropped (on_bad_row="skip")
+    bad_images_skipped: int = 0  # rows with a missing or unreadable image dropped (on_bad_image="skip")
     rows_kept: int = 0  # rows in the returned dataset (KTO: two per kept pair)
     text_only_dropped: int = 0  # rows with no image
     later_turns_left_out: int = 0  # rows with more than one exchange (only the first is used)
@@ -57,6 +59,10 @@ class RLDataReport:
 
     def summary(self) -> str:
         parts = [f"{self.rows_kept} rows from {self.rows_read}"]
+        if self.bad_rows_skipped:
+            parts.append(f"{self.bad_rows_skipped} malformed rows skipped")
+        if self.bad_images_skipped:
+            parts.append(f"{self.bad_images_skipped} rows with a missing or unreadable image skipped")
         if self.text_only_dropped:
             parts.append(f"{self.text_only_dropped} text-only rows dropped")
         if self.no_rejected_dropped:
@@ -70,27 +76,31 @@ class RLDataReport:
 
 
 def load_rows(rows, image_folder, *, on_bad_row: str = "error", on_bad_image: str = "error"):
-    """LLaVA JSON rows (a path, a comma-separated list or list of paths, or a list of row dicts) -> the
-    ``load_llava_json`` dataset (``id``, ``messages``, ``images``), images checked for paths as ``train`` does; the
-    policies are ``load_llava_json``'s (row dicts given here are parsed, their images not checked)."""
+    """LLaVA JSON rows (a path, a comma-separated list or list of paths, or a list of row dicts) -> (the
+    ``load_llava_json`` dataset (``id``, ``messages``, ``images``), its ``DataReport``), images checked for paths as
+    ``train`` does; the policies are ``load_llava_json``'s (row dicts given here are parsed, their images not
+    checked)."""
     if isinstance(rows, (str, os.PathLike)) or (isinstance(rows, (list, tuple)) and rows
                                                 and all(isinstance(r, (str, os.PathLike)) for r in rows)):
         return load_llava_json(rows if isinstance(rows, (str, os.PathLike)) else [str(r) for r in rows],
-                               image_folder, on_bad_row=on_bad_row, on_bad_image=on_bad_image)
+                               image_folder, on_bad_row=on_bad_row, on_bad_image=on_bad_image, return_report=True)
     if not isinstance(rows, (list, tuple)) or not rows:
         raise ValueError(f"rows must be a LLaVA JSON path or a non-empty list of rows, got {type(rows).__name__}")
     if image_folder is not None and not os.path.isdir(image_folder):
         raise FileNotFoundError(f"image_folder is not a folder: {image_folder}")
-    columns = ArrowColumns()
-    parse_llava_file(rows, "rows", 0, None if image_folder is None else str(image_folder), columns, DataReport(),
+    columns, report = ArrowColumns(), DataReport()
+    parse_llava_file(rows, "rows", 0, None if image_folder is None else str(image_folder), columns, report,
                       on_bad_row)
-    return in_memory_dataset(columns.table(), row_features(provenance=True)).select_columns(["id", "messages", "images"])
+    dataset = in_memory_dataset(columns.table(), row_features(provenance=True))
+    return dataset.select_columns(["id", "messages", "images"]), report
 
 
 def _exchanges(rows, image_folder, report: RLDataReport, policies: dict) -> list[tuple[dict, str, str]]:
     """(image reference, question, answer) per row with an image: its first image and its first exchange."""
-    dataset = with_decode(load_rows(rows, image_folder, **policies), "images", False)
+    dataset, loaded = load_rows(rows, image_folder, **policies)
+    dataset = with_decode(dataset, "images", False)
     report.rows_read = len(dataset)
+    report.bad_rows_skipped, report.bad_images_skipped = loaded.bad_rows_skipped, loaded.bad_images_skipped
     out = []
     for messages, images in zip(list(dataset["messages"]), list(dataset["images"])):
         if not images:
