@@ -93,27 +93,38 @@ def test_the_library_names_the_keyword_and_a_command_its_flag(malformed):
     assert "img-3" in flagged and len(flagged.splitlines()) == 1  # one row, one line
 
 
-def test_rl_data_has_the_flag_its_message_names(malformed, tmp_path, capsys):
-    path, images = malformed
-    common = ["--data-path", path, "--image-folder", images, "--format", "grpo"]
-    assert rl_data_main([*common, "--output-dir", str(tmp_path / "refused")]) == 2
-    err = capsys.readouterr().err
-    assert "img-3" in err and "--on-bad-row skip" in err and "on_bad_row=" not in err
-    assert rl_data_main([*common, "--output-dir", str(tmp_path / "kept"), "--on-bad-row", "skip"]) == 0
-    out = capsys.readouterr().out
-    assert "5 rows from 5" in out and "1 malformed rows skipped" in out  # the malformed row dropped and counted
+def _bad_row(tmp_path):
+    """6 rows, one without ``conversations`` (``img-3``)."""
+    path, images = write_llava_dataset(tmp_path / "data", n_rows=6, text_only=0)
+    with open(path) as handle:
+        rows = json.load(handle)
+    del rows[3]["conversations"]
+    with open(path, "w") as handle:
+        json.dump(rows, handle)
+    return path, images
 
 
-def test_rl_data_skips_a_missing_image_when_asked(tmp_path, capsys):
+def _bad_image(tmp_path):
+    """4 rows, the image of one (``2.png``) missing."""
     path, images = write_llava_dataset(tmp_path / "data", n_rows=4, text_only=0)
     (tmp_path / "data" / "images" / "2.png").unlink()
+    return path, images
+
+
+@pytest.mark.parametrize(("make", "flag", "named", "kept", "counted"), [
+    (_bad_row, "--on-bad-row", "img-3", "5 rows from 5", "1 malformed rows skipped"),
+    (_bad_image, "--on-bad-image", "2.png", "3 rows from 3", "1 rows with a missing or unreadable image skipped"),
+], ids=["bad-row", "bad-image"])
+def test_rl_data_has_the_flag_its_message_names(make, flag, named, kept, counted, tmp_path, capsys):
+    path, images = make(tmp_path)
     common = ["--data-path", path, "--image-folder", images, "--format", "grpo"]
     assert rl_data_main([*common, "--output-dir", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
-    assert "2.png" in err and "--on-bad-image skip" in err and "on_bad_image=" not in err
-    assert rl_data_main([*common, "--output-dir", str(tmp_path / "kept"), "--on-bad-image", "skip"]) == 0
+    keyword = flag.removeprefix("--").replace("-", "_") + "="
+    assert named in err and f"{flag} skip" in err and keyword not in err
+    assert rl_data_main([*common, "--output-dir", str(tmp_path / "kept"), flag, "skip"]) == 0
     out = capsys.readouterr().out
-    assert "3 rows from 3" in out and "1 rows with a missing or unreadable image skipped" in out
+    assert kept in out and counted in out  # the bad row dropped and counted, the others written
 
 
 def test_train_finds_a_malformed_row_before_the_model_loads(malformed, tiny_model_dir, tmp_path, capsys, caplog):
