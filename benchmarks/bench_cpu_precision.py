@@ -11,7 +11,8 @@ Options, interleaved (``--repeats`` rounds after one warm-up step each):
 * ``bf16-weights+master``: bf16 weights and compute, AdamW on a float32 master copy (the gradients copied up, the
   updated weights copied down each step), what mixed-precision training keeps;
 * each of the above with AdamW's ``fused=True`` kernel;
-* the fastest of them again with 2 threads (the demo runs 2 workers of 1 thread on 2 cores).
+* the fastest of them again with 2 threads (the demo runs 2 workers of 1 thread on 2 cores);
+* with ``--compile``: the fastest under ``torch.compile`` (inductor), its first (compiling) step timed apart.
 
 It measures speed only: whether each trains the same (loss curves within seed noise) is a separate run.
 """
@@ -89,10 +90,24 @@ def _time(model, batch, options, repeats, threads) -> dict[str, list[float]]:
     return seconds
 
 
+def _compiled(model, batch, option: str, repeats: int) -> dict:
+    """Seconds of ``option``'s step with the model under ``torch.compile`` (one thread): the first step (it
+    compiles) and ``repeats`` after it."""
+    torch.set_num_threads(1)
+    optimizer, autocast = _setup(model, option)
+    compiled = torch.compile(model)
+    step_batch = {**batch, "pixel_values": batch["pixel_values"].to(next(model.parameters()).dtype)}
+    first = _step(compiled, optimizer, step_batch, autocast)
+    seconds = [_step(compiled, optimizer, step_batch, autocast) for _ in range(repeats + 1)][1:]
+    return {"first_step": round(first, 2), "median": round(statistics.median(seconds), 3),
+            "all": [round(s, 3) for s in seconds]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per option (default 3)")
     parser.add_argument("--rows", type=int, default=16, help="rows a step (default 16: the demo's batch)")
+    parser.add_argument("--compile", action="store_true", help="also the fastest option under torch.compile")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -121,10 +136,16 @@ def main(argv=None) -> int:
         "fastest_2_threads": {"median": round(statistics.median(two[fastest]), 3),
                               "all": [round(s, 3) for s in two[fastest]]},
     }
+    if args.compile:
+        result["compiled_1_thread"] = _compiled(model, batch, fastest, args.repeats)
     base = medians.get("bf16-autocast", medians["float32"])
     for option in options:
         print(f"{option:28s} {medians[option]:6.2f} s/step  ({base / medians[option]:.2f}x the demo's setting)")
     print(f"{fastest} on 2 threads: {result['fastest_2_threads']['median']:.2f} s/step")
+    if args.compile:
+        c = result["compiled_1_thread"]
+        print(f"{fastest} under torch.compile: {c['median']:.2f} s/step ({medians[fastest] / c['median']:.2f}x), "
+              f"its first step (compiling) {c['first_step']:.1f} s")
     write_record(args.json, result)
     return 0
 

@@ -355,6 +355,8 @@ def main(argv=None) -> int:
     parser.add_argument("--attn-implementation", default=None, help="e.g. flash_attention_2 (default: sdpa)")
     parser.add_argument("--zero2", action="store_true",
                         help="also one single-process DeepSpeed ZeRO-2 run of `train` (stage 1; needs deepspeed)")
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS),
+                        help="this package's runs beside stock's (default: all)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child-stock", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -438,7 +440,7 @@ def run_stage(opts, stage: int, ours: str, stock: str, workdir: str, env: dict, 
              "how": "full" if stage == 1 or full else f"LoRA rank {LORA_RANK}", "runs": {}}
     print(f"stage {stage} ({entry['how']}), {tokens:.0f} tokens a row, {opts.batch_size} rows a step; memory "
           f"{estimate.describe()}", flush=True)
-    for name in ("stock", *RUNS):
+    for name in ("stock", *opts.runs):
         run = (run_stock(opts, stage, stock, data, workdir, env) if name == "stock"
                else run_train(opts, stage, name, ours, data, workdir, env))
         if run["ok"]:
@@ -461,7 +463,7 @@ def run_stage(opts, stage: int, ours: str, stock: str, workdir: str, env: dict, 
         entry["runs"][name] = run
     runs = entry["runs"]
     if all(runs[n].get("ok") for n in runs):  # real tokens/s: the runs' steps hold different rows
-        for name in RUNS:
+        for name in opts.runs:
             entry[f"{name}_vs_stock"] = runs[name]["real_tokens_per_s"] / runs["stock"]["real_tokens_per_s"]
     return entry
 

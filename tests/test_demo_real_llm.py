@@ -73,6 +73,8 @@ def test_every_output_of_the_demo_is_written(quick_real, results):
         for key in REAL_LLM_ROWS[:-1]:
             run = folder / "runs" / key / f"seed{seed}"
             assert (run / "stage2" / "model.safetensors").is_file() and (run / "result.json").is_file(), run
+            training = json.loads((run / "stage2" / "training_summary.json").read_text())["training"]
+            assert training["train_sampling_strategy"] == "group_by_modality_length", run  # the real LLM's order
         assert (folder / "runs" / "stock" / f"seed{seed}" / "model" / "model.safetensors").is_file()
     for row in results["rows"]:
         for condition in ("real", "blank"):
@@ -244,6 +246,25 @@ def test_the_real_llm_config_is_recorded_and_read_back():
     assert config.row_keys == REAL_LLM_ROWS and config_from_dict(recorded) == config
     picked = DemoConfig.real_llm(OFFLINE, "float32", quick=True)
     assert picked.batch_size < config.batch_size and picked.stage2_steps < config.stage2_steps
+
+
+def test_the_two_stage_rows_train_grouped_with_eager_attention_and_the_stock_row_as_trl_ships(tmp_path):
+    """The real LLM's speed settings reach the Trainer's arguments; the tiny demo and the stock row keep TRL's padded,
+    random-order batches."""
+    import dataclasses
+
+    from llava_normaligned.demo.run import DemoConfig, batches_text, sft_args
+
+    real = DemoConfig.real_llm(OFFLINE, "bfloat16")
+    args = sft_args(str(tmp_path), 4, 1e-4, real, 42)
+    assert args.train_sampling_strategy == "group_by_modality_length" and not args.padding_free
+    assert real.attn_implementation == "eager" and "eager attention" in batches_text(real)
+    assert "group by modality length order" in batches_text(real)
+    tiny = sft_args(str(tmp_path), 4, 1e-3, DemoConfig.full(), 42)
+    assert tiny.train_sampling_strategy == "random" and not tiny.padding_free and batches_text(DemoConfig.full()) == ""
+    assert "padding_free" not in DemoConfig.full().to_dict()  # the tiny demo's record is what it was
+    packed = dataclasses.replace(real, padding_free=True)
+    assert sft_args(str(tmp_path), 4, 1e-4, packed, 42).padding_free and "padding-free" in batches_text(packed)
 
 
 def test_the_compute_dtype_follows_the_cpu_s_bf16_instructions(monkeypatch):

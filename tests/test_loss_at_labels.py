@@ -221,3 +221,50 @@ def test_the_compaction_is_undone_after_the_context():
     with fused_head_compacted_on_cpu():
         assert utils._use_triton(cpu) is True
     assert utils._use_triton(cpu) == before is False  # a stock SFTTrainer in the same process is left as it was
+
+
+NEEDS_TORCHVISION_TO_TRAIN = ("smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "mistral3")
+
+
+@pytest.mark.parametrize("family", NEEDS_TORCHVISION_TO_TRAIN)
+def test_the_compaction_trains_as_before_for_the_families_whose_train_processor_needs_torchvision(
+        family, tmp_path, monkeypatch):
+    """The families ``train`` takes where torchvision imports (Qwen2/2.5/3-VL, SmolVLM, Mistral3): their aligned
+    model with TRL's fused head, compacted and not, on a padded batch of two rows of different lengths made by the
+    family's processor built without torchvision (``load_model``'s): the same loss, metrics and gradients, and the
+    compacted head scores the labelled positions only."""
+    from PIL import Image
+    from trl.trainer import utils as trl_utils
+    from trl.trainer.utils import add_fused_lm_head
+
+    from llava_normaligned.align import SUPPORTED_MODEL_TYPES
+
+    assert set(NEEDS_TORCHVISION_TO_TRAIN) == set(SUPPORTED_MODEL_TYPES) - set(TRAINS_WITHOUT_TORCHVISION)
+    stock = save_tiny_vlm(family, str(tmp_path / "stock"))
+    assert cli_main(["align", stock, "--output-dir", str(tmp_path / "aligned")]) == 0
+    model, processor = load_model(str(tmp_path / "aligned"))
+    image = Image.new("RGB", (64, 48), (200, 30, 30))
+    texts = [processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]},
+         {"role": "assistant", "content": [{"type": "text", "text": answer}]}], tokenize=False)
+        for answer in ("A red circle.", "A blue square at the top left of the picture.")]
+    batch = dict(processor(text=texts, images=[image, image], return_tensors="pt", padding=True))
+    labels = batch["input_ids"].clone()
+    labels[:, :-8] = -100  # the answers and the template's end
+    labels[batch["attention_mask"] == 0] = -100
+    batch["labels"] = labels
+    model.train()
+    for param in model.parameters():
+        param.requires_grad_(True)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    rows = []
+    original = trl_utils._ChunkedLogProbFunction.apply
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply",
+                        lambda hidden, *args: rows.append(hidden.shape[0]) or original(hidden, *args))
+    compact, compact_grads = _fused_outputs_and_gradients(model, batch, compacted=True)
+    full, full_grads = _fused_outputs_and_gradients(model, batch, compacted=False)
+    assert rows[0] < rows[1] == batch["input_ids"].numel() - 2  # labelled positions only, then every shifted one
+    torch.testing.assert_close(compact.loss, full.loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(compact.entropy, full.entropy, rtol=1e-5, atol=1e-6)
+    assert torch.equal(compact.is_top1, full.is_top1)
+    _assert_same_gradients(compact_grads, full_grads)

@@ -93,6 +93,10 @@ def test_every_shipped_recipe_parses_with_the_papers_values(name, monkeypatch):
         == global_batch
     if stage == 1:
         assert sft.learning_rate == 1e-3
+    elif config.model_args.use_peft:  # the 24 GB recipes: LLaVA-1.5's LoRA rates (adapters 2e-4, projector 2e-5)
+        assert name.endswith("_24gb") and config.model_args.lora_r == 16
+        assert (sft.learning_rate, stage_args.lr_projector) == (2e-4, 2e-5)
+        assert bool(config.model_args.load_in_4bit) == ("qlora" in name)
     else:
         assert (stage_args.lr_llm, stage_args.lr_vision) == (1e-5, 2e-6)
     if not torch.cuda.is_available():

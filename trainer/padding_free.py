@@ -160,7 +160,9 @@ def _packed_sdpa_mask(*args, attention_mask=None, **kwargs):
     return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-def _register() -> None:
+def register_packed_sdpa() -> None:
+    """Register ``PACKED_SDPA`` with transformers' attention and mask interfaces (what ``packed_attention`` switches
+    an LLM to; idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -180,7 +182,7 @@ def packed_attention(model, enabled: bool = True):
     if text is None or attn_implementation(text) != "sdpa" or not _plain_causal(text) or text is core.config:
         yield
         return
-    _register()
+    register_packed_sdpa()
     core.set_attn_implementation({"text_config": PACKED_SDPA})
     logger.info("padding-free: the LLM's sdpa attention runs row by row on packed batches")
     try:
@@ -189,4 +191,5 @@ def packed_attention(model, enabled: bool = True):
         core.set_attn_implementation({"text_config": "sdpa"})
 
 
-__all__ = ["PACKED_SDPA", "check_padding_free", "pack_rows", "packed_attention", "packed_sdpa_attention_forward"]
+__all__ = ["PACKED_SDPA", "check_padding_free", "pack_rows", "packed_attention", "packed_sdpa_attention_forward",
+           "register_packed_sdpa"]

@@ -129,6 +129,15 @@ class DemoConfig:
     # A real LLM's (``parts.text_model``) training and scoring precision: "bfloat16" (autocast) or "float32"
     # (``real_llm.compute_dtype``); None: the tiny LLM's float32.
     compute_dtype: str | None = None
+    # A real LLM's training batches and attention (benchmarks/bench_training_speed.py measured them on these rows):
+    # rows ordered by length (``trainer/sampling.py``, as ``train --train_sampling_strategy
+    # group_by_modality_length``), padded (a grouped batch has almost no padding left; ``padding_free`` packs it,
+    # ``trainer/padding_free.py``), and eager attention while training: on rows of ~70 tokens torch's CPU sdpa
+    # backward costs more than the whole eager attention (docs/training.md). None: the tiny LLM's padded batches in
+    # random order, sdpa.
+    padding_free: bool | None = None
+    train_sampling_strategy: str | None = None
+    attn_implementation: str | None = None
 
     @classmethod
     def full(cls) -> DemoConfig:
@@ -181,13 +190,15 @@ class DemoConfig:
         return {k: v for k, v in data.items() if not (k in OPTIONAL_FIELDS and v is None)}
 
 
-OPTIONAL_FIELDS = ("rows", "compute_dtype")
+OPTIONAL_FIELDS = ("rows", "compute_dtype", "padding_free", "train_sampling_strategy", "attn_implementation")
 # A real LLM's steps, rates and sizes (docs/demo.md, "A real pretrained LLM": how they were chosen).
+REAL_LLM_BATCHES = {"padding_free": False, "train_sampling_strategy": "group_by_modality_length",
+                    "attn_implementation": "eager"}
 REAL_LLM_FULL = {"batch_size": 16, "stage1_steps": 20, "stage2_steps": 40, "stage1_lr": 1e-3, "stage2_lr": 1e-4,
-                 "stage2_vision_lr": 2e-5, "logging_steps": 5, "eval_batch_size": 64}
+                 "stage2_vision_lr": 2e-5, "logging_steps": 5, "eval_batch_size": 64, **REAL_LLM_BATCHES}
 REAL_LLM_QUICK = {"batch_size": 4, "stage1_steps": 2, "stage2_steps": 2, "stage1_lr": 1e-3, "stage2_lr": 1e-4,
                   "stage2_vision_lr": 2e-5, "logging_steps": 1, "probe_images": 8, "layer_probe_images": 4,
-                  "eval_batch_size": 80}
+                  "eval_batch_size": 80, **REAL_LLM_BATCHES}
 
 
 def config_from_dict(data: dict) -> DemoConfig:
@@ -289,6 +300,8 @@ def sft_args(output_dir: str, steps: int, lr: float, config: DemoConfig, seed: i
         data_seed=seed,
         dataloader_num_workers=0,
         max_length=None,
+        padding_free=bool(config.padding_free),
+        train_sampling_strategy=config.train_sampling_strategy or "random",
         **extra,
     )
 
@@ -356,7 +369,8 @@ def compute_autocast(config: DemoConfig):
     return contextlib.nullcontext()
 
 
-def _stage_rates(config: DemoConfig, stage: int) -> dict:
+def stage_rates(config: DemoConfig, stage: int) -> dict:
+    """The per-part learning rates of ``stage`` (``StageConfig``'s ``lr_*`` fields)."""
     if stage == 1:
         return {"lr_projector": config.stage1_lr}
     return {"lr_llm": config.stage2_lr, "lr_projector": config.stage2_lr, "lr_vision": config.stage2_vision_lr}
@@ -377,21 +391,26 @@ def frozen_heap():
         gc.unfreeze()
 
 
-def _train(model, processor, dataset, stage: int, steps: int, lr: float, variant: Variant, folder: str,
-           config: DemoConfig, seed: int, progress: bool, position: tuple[int, int] = (1, 1)):
-    """One stage of one run. Stage 1 trains with the defaults (clipping at 1.0, globally); a row's own
-    ``max_grad_norm`` and ``clip_per_part`` apply to stage 2 (``Variant``)."""
+def train_demo_stage(model, processor, dataset, stage: int, steps: int, lr: float, variant: Variant, folder: str,
+                     config: DemoConfig, seed: int, progress: bool, position: tuple[int, int] = (1, 1),
+                     callbacks: list | None = None):
+    """One stage of one run (``train_stage``'s result). Stage 1 trains with the defaults (clipping at 1.0,
+    globally); a row's own ``max_grad_norm`` and ``clip_per_part`` apply to stage 2 (``Variant``). ``callbacks``:
+    more ``TrainerCallback``s."""
     from llava_normaligned.trainer.train import StageConfig, train_stage
 
     own = stage == 2
+    if config.attn_implementation:
+        model.set_attn_implementation(config.attn_implementation)
     with trainer_console_to(os.path.join(folder, f"stage{stage}_trainer_log.txt")), frozen_heap():
         return train_stage(model, processor, dataset,
                            stage=StageConfig(stage, clip_per_part=variant.clip_per_part and own,
-                                             **_stage_rates(config, stage)),
+                                             **stage_rates(config, stage)),
                            args=sft_args(os.path.join(folder, f"stage{stage}"), steps, lr, config, seed,
                                          disable_tqdm=not progress,
                                          max_grad_norm=variant.max_grad_norm if own else 1.0),
-                           callbacks=_callbacks(config, position, variant.name, f"seed {seed}, stage {stage}"))
+                           callbacks=_callbacks(config, position, variant.name, f"seed {seed}, stage {stage}")
+                           + list(callbacks or ()))
 
 
 def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
@@ -408,7 +427,7 @@ def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths:
     ratio = {"init": norm_ratio(model, pixels)}
     gains = {"init": gain_statistics(model)}
     _header(*position, variant.name, f"seed {seed}, stage 1, {config.stage1_steps} steps")
-    result = _train(model, processor, datasets["pretrain"], 1, config.stage1_steps, config.stage1_lr, variant, folder,
+    result = train_demo_stage(model, processor, datasets["pretrain"], 1, config.stage1_steps, config.stage1_lr, variant, folder,
                     config, seed, progress, position)
     model = result.model
     ratio["after_stage1"] = norm_ratio(model, pixels)
@@ -441,7 +460,7 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
     _header(*position, variant.name, f"seed {seed}, stage 2, {config.stage2_steps} steps"
             + (f" (stage 1: {stage1['key']}'s)" if shared else ""))
     tic = time.perf_counter()
-    result = _train(model, processor, datasets["instruct"], 2, config.stage2_steps, config.stage2_lr, variant, folder,
+    result = train_demo_stage(model, processor, datasets["instruct"], 2, config.stage2_steps, config.stage2_lr, variant, folder,
                     config, seed, progress, position)
     seconds["stage2"] = time.perf_counter() - tic
     model = result.model
@@ -516,7 +535,12 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
 
     _header(*position, STOCK_NAME, f"seed {seed}, one stage, {steps} steps")
     with trainer_console_to(os.path.join(folder, "trainer_log.txt")), frozen_heap():
-        args = sft_args(os.path.join(folder, "model"), steps, config.stage2_lr, config, seed,
+        # stock TRL as shipped: padded batches in random order (TRL refuses padding-free batches of images); the
+        # attention the other rows train with (a choice of kernel, not of model)
+        if config.attn_implementation:
+            model.set_attn_implementation(config.attn_implementation)
+        args = sft_args(os.path.join(folder, "model"), steps, config.stage2_lr,
+                        dataclasses.replace(config, padding_free=None, train_sampling_strategy=None), seed,
                         assistant_only_loss=True, disable_tqdm=not progress)
         trainer = SFTTrainer(model=model, args=args, train_dataset=datasets["instruct"], processing_class=processor,
                              callbacks=_callbacks(config, position, STOCK_NAME, f"seed {seed}, one stage") or None)
@@ -868,6 +892,15 @@ def compute_text(config: DemoConfig) -> str:
     return "float32 (this CPU has no bf16 matrix instructions, AMX or AVX512-BF16)" if config.real else "float32"
 
 
+def batches_text(config: DemoConfig) -> str:
+    """How the two-stage rows' batches were laid out, in words ('' for padded batches in random order)."""
+    said = (["padding-free batches"] if config.padding_free else []) + (
+        [f"{config.train_sampling_strategy.replace('_', ' ')} order"]
+        if config.train_sampling_strategy not in (None, "random") else []) + (
+        [f"{config.attn_implementation} attention"] if config.attn_implementation else [])
+    return f"; {' and '.join(said)}" if said else ""
+
+
 def _real_setup_summary(config: DemoConfig, parts: Parts) -> str:
     v, llm = config.parts.vision, parts.info["llm"]
     return (
@@ -880,7 +913,8 @@ def _real_setup_summary(config: DemoConfig, parts: Parts) -> str:
         f"{config.stage1_lr:g}); stage 2: {config.stage2_steps} steps on questions (all parts; LLM/projector lr "
         f"{config.stage2_lr:g}, vision {config.stage2_vision_lr:g}); batch {config.batch_size}, cosine, warmup "
         f"{config.warmup}, seed {config.seed}"
-        f"{f' to {config.seeds[-1]} ({config.num_seeds} seeds)' if config.num_seeds > 1 else ''}."
+        f"{f' to {config.seeds[-1]} ({config.num_seeds} seeds)' if config.num_seeds > 1 else ''}"
+        f"{batches_text(config)}."
         + (f" Stock row: {config.stage1_steps + config.stage2_steps} steps, one stage."
            if STOCK_KEY in config.row_keys else "")
         + " Scoring: greedy decoding, exact match."

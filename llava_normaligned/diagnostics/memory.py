@@ -102,17 +102,20 @@ class TrainingMemory:
     optimizer_bytes: int
     activation_bytes: int
     sequence_length: int
+    logits_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return int(1.1 * (self.weights_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes))
+        return int(1.1 * (self.weights_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+                          + self.logits_bytes))
 
     def describe(self) -> str:
         gib = 2**30
+        logits = f" + logits {self.logits_bytes / gib:.1f}" if self.logits_bytes else ""
         return (f"{self.parameters / 1e9:.2f}B parameters ({self.trainable / 1e6:.1f}M trained): weights "
                 f"{self.weights_bytes / gib:.1f} + gradients {self.gradient_bytes / gib:.1f} + AdamW "
-                f"{self.optimizer_bytes / gib:.1f} + activations {self.activation_bytes / gib:.1f} GiB (sequence "
-                f"{self.sequence_length}) ~= {self.total_bytes / gib:.1f} GiB (estimate)")
+                f"{self.optimizer_bytes / gib:.1f} + activations {self.activation_bytes / gib:.1f}{logits} GiB "
+                f"(sequence {self.sequence_length}) ~= {self.total_bytes / gib:.1f} GiB (estimate)")
 
 
 def _part_sizes(config, lora_rank: int | None) -> dict:
@@ -125,20 +128,31 @@ def _part_sizes(config, lora_rank: int | None) -> dict:
 
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
-    sizes = {"vision_tower": 0, "projector": 0, "llm": 0, "lora": 0}
+    sizes = {"vision_tower": 0, "projector": 0, "llm": 0, "lora": 0, "llm_linear": 0}
     for name, param in model.named_parameters():
         sizes[LLAVA.part_of(name) or "llm"] += param.numel()
-    if lora_rank:
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and LLAVA.part_of(name) == "llm" \
-                    and name.rsplit(".", 1)[-1] in LLAVA.llm_linear_names:
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and LLAVA.part_of(name) == "llm" \
+                and name.rsplit(".", 1)[-1] in LLAVA.llm_linear_names:
+            sizes["llm_linear"] += module.in_features * module.out_features
+            if lora_rank:
                 sizes["lora"] += lora_rank * (module.in_features + module.out_features)
     return sizes
 
 
+# bytes a parameter of each optimizer's state: AdamW's two moments in the parameter's dtype (as torch keeps them);
+# bitsandbytes' 8-bit AdamW two 1-byte moments plus a float32 scale per block of 256 values
+OPTIMIZER_STATE_BYTES = {"adamw": None, "adamw_8bit": 2 + 2 * 4 / 256}
+# bitsandbytes NF4 with double quantization (``loading.quantization_config("4bit")``): 4 bits a weight, an 8-bit scale
+# per block of 64, and a float32 scale per 256 of those
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+LOGIT_BYTES = 10  # a position's logits while the loss runs: bf16 logits, their float32 copy, the float32 log-softmax
+
+
 def training_estimate(config, *, stage: int, weight_dtype: str = "bfloat16", compute_dtype: str | None = None,
                       batch_size: int = 1, sequence: int = TRAINING_SEQUENCE, lora_rank: int | None = None,
-                      checkpointing: bool = True) -> TrainingMemory:
+                      checkpointing: bool = True, optimizer: str = "adamw", quantized_llm: bool = False,
+                      full_logits: bool = False) -> TrainingMemory:
     """The memory of training one LLaVA-1.5 stage of ``config`` in one process: weights (``weight_dtype``), the
     trained parameters' gradients and AdamW's two moments (in the parameters' dtype, as torch keeps them), and the
     activations the backward keeps for ``batch_size`` rows of ``sequence`` tokens (``compute_dtype``: the autocast
@@ -148,9 +162,30 @@ def training_estimate(config, *, stage: int, weight_dtype: str = "bfloat16", com
     6 x width + 2 x KV width + 4 x MLP width values (norm outputs, q/k/v, attention output, residual; gate, up and
     their product), a ViT layer 7 x width + 2 x MLP width; with ``checkpointing`` only each layer's input is kept,
     plus one layer's activations while it is recomputed. The logits are not: TRL's fused LM head scores the answer
-    positions tile by tile. An estimate: allocator slack is the 10 % of ``total_bytes``."""
+    positions tile by tile. An estimate: allocator slack is the 10 % of ``total_bytes``.
+
+    Args:
+        optimizer: ``"adamw"`` (two moments in the parameters' dtype) or ``"adamw_8bit"`` (bitsandbytes'
+            ``adamw_8bit``: about 2 bytes a parameter).
+        quantized_llm: QLoRA: the LLM's attention and MLP weights in NF4 with double quantization (the vision tower,
+            projector, embeddings and LM head stay in ``weight_dtype``, as ``loading.quantization_config`` keeps
+            them); needs ``lora_rank``.
+        full_logits: count the logits of every one of the ``sequence`` positions (stock LLaVA's forward:
+            ``LOGIT_BYTES`` a position and vocabulary entry). Off (the default): the loss at labelled positions only
+            (``train``'s path, and the model's own forward with ``loss_at_labels_only``), whose logits are a few
+            tiles at a time, not counted.
+        Where ``compute_dtype`` differs from ``weight_dtype`` (autocast), the compute-dtype copies autocast makes of
+            the weights are counted with the weights.
+
+    Returns:
+        ``TrainingMemory`` (bytes per part; ``total_bytes`` with the allocator's slack).
+    """
     if stage not in (1, 2) or (lora_rank and stage == 1):
         raise ValueError(f"stage must be 1 or 2 (LoRA: stage 2), got stage={stage!r}, lora_rank={lora_rank!r}")
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_STATE_BYTES)}, got {optimizer!r}")
+    if quantized_llm and not lora_rank:
+        raise ValueError("quantized_llm (QLoRA) trains LoRA adapters: give lora_rank")
     weight_size, compute_size = BYTES[weight_dtype], BYTES[compute_dtype or weight_dtype]
     sizes = _part_sizes(config, lora_rank)
     parameters = sizes["vision_tower"] + sizes["projector"] + sizes["llm"]
@@ -169,10 +204,19 @@ def training_estimate(config, *, stage: int, weight_dtype: str = "bfloat16", com
         layers, width = _vision_layers_width(vision)
         patches = (vision.image_size // vision.patch_size) ** 2
         activations += _kept(patches, layers, 7 * width + 2 * vision.intermediate_size, width, checkpointing)
+    weights = (parameters + sizes["lora"]) * weight_size
+    if quantized_llm:
+        weights -= int(sizes["llm_linear"] * (weight_size - NF4_BYTES))
+    if compute_size != weight_size:  # autocast's copies of the weights it multiplies
+        weights += parameters * compute_size
+    state = OPTIMIZER_STATE_BYTES[optimizer] or 2 * weight_size
+    logits = 0
+    if full_logits:
+        logits = batch_size * sequence * getattr(text, "vocab_size", 0) * LOGIT_BYTES
     return TrainingMemory(
-        parameters=parameters, trainable=trainable, weights_bytes=(parameters + sizes["lora"]) * weight_size,
-        gradient_bytes=trainable * weight_size, optimizer_bytes=2 * trainable * weight_size,
-        activation_bytes=batch_size * activations * compute_size, sequence_length=sequence)
+        parameters=parameters, trainable=trainable, weights_bytes=int(weights),
+        gradient_bytes=trainable * weight_size, optimizer_bytes=int(trainable * state),
+        activation_bytes=batch_size * activations * compute_size, sequence_length=sequence, logits_bytes=logits)
 
 
 def _kept(tokens: int, layers: int, per_layer: int, width: int, checkpointing: bool) -> int:
@@ -298,6 +342,53 @@ def training_table(name: str = "SigLIP-so400m-384 + Llama-3.2-3B (paper)", batch
                             "compute_dtype": "bfloat16"})):
         cells = [training_estimate(config, batch_size=b, **kwargs) for b in batch_sizes]
         lines.append(f"| {label} | " + " | ".join(f"{c.total_bytes / 2**30:.1f} GiB" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+# What a 24 GB card leaves to training: its 24 GiB less the CUDA context and kernels' workspace (about 1 GiB).
+CARD_GIB, CARD_RESERVED_GIB = 24.0, 1.0
+# The recipes of the card table: (label, training_estimate keywords, the recipe file that runs it, if shipped)
+CARD_RECIPES = (
+    ("stage 1 (projector), fp32 weights + bf16 autocast (the paper's)",
+     {"stage": 1, "weight_dtype": "float32", "compute_dtype": "bfloat16"}, "llama3.2-3b_siglip-so400m_stage1.yaml"),
+    ("stage 1 (projector), bf16 weights", {"stage": 1},
+     "llama3.2-3b_siglip-so400m_stage1.yaml --dtype bfloat16"),
+    ("stage 2 full, fp32 weights + bf16 autocast, AdamW (the paper's)",
+     {"stage": 2, "weight_dtype": "float32", "compute_dtype": "bfloat16"}, "llama3.2-3b_siglip-so400m_stage2.yaml"),
+    ("stage 2 full, fp32 weights + bf16 autocast, 8-bit AdamW",
+     {"stage": 2, "weight_dtype": "float32", "compute_dtype": "bfloat16", "optimizer": "adamw_8bit"}, None),
+    ("stage 2 full, bf16 weights, AdamW", {"stage": 2}, None),
+    ("stage 2 full, bf16 weights, 8-bit AdamW", {"stage": 2, "optimizer": "adamw_8bit"}, None),
+    ("stage 2 LoRA r16, bf16 weights", {"stage": 2, "lora_rank": 16},
+     "llama3.2-3b_siglip-so400m_stage2_lora_24gb.yaml"),
+    ("stage 2 QLoRA r16, NF4 LLM", {"stage": 2, "lora_rank": 16, "quantized_llm": True},
+     "llama3.2-3b_siglip-so400m_stage2_qlora_24gb.yaml"),
+)
+
+
+def card_fits(estimate: TrainingMemory, card_gib: float = CARD_GIB) -> bool:
+    """Whether ``estimate`` fits a card of ``card_gib`` GiB after ``CARD_RESERVED_GIB``."""
+    return estimate.total_bytes <= (card_gib - CARD_RESERVED_GIB) * 2**30
+
+
+def card_table(name: str = "SigLIP-so400m-384 + Llama-3.2-3B (paper)", card_gib: float = CARD_GIB,
+               batch_size: int = 1, sequence: int = 2048) -> str:
+    """Which recipe fits a ``card_gib`` card: ``training_estimate`` of each of ``CARD_RECIPES`` at ``batch_size``
+    rows of ``sequence`` tokens (the recipes' ``max_length``: the longest batch a run meets), with gradient
+    checkpointing on and off, the loss at labelled positions only and over every position (stock LLaVA's logits)."""
+    config = reference_config(name)
+    columns = [(True, False), (True, True), (False, False), (False, True)]
+    lines = [f"| {name}, {batch_size} x {sequence} tokens | "
+             + " | ".join(f"checkpointing {'on' if gc else 'off'}, {'every position' if full else 'loss at labels'}"
+                          for gc, full in columns) + " | recipe |",
+             "|---|" + "---|" * (len(columns) + 1)]
+    for label, kwargs, recipe in CARD_RECIPES:
+        cells = []
+        for checkpointing, full_logits in columns:
+            estimate = training_estimate(config, batch_size=batch_size, sequence=sequence, checkpointing=checkpointing,
+                                         full_logits=full_logits, **kwargs)
+            cells.append(f"{estimate.total_bytes / 2**30:.1f} GiB {'fits' if card_fits(estimate, card_gib) else 'no'}")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {f'`{recipe}`' if recipe else '-'} |")
     return "\n".join(lines)
 
 
@@ -430,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     print(reference_table())
     print()
     print(training_table())
+    print()
+    print(card_table())
     print()
     print(time_table())
     return 0
