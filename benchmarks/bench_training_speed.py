@@ -121,7 +121,8 @@ def demo_child(spec: dict) -> int:
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                self.logs.append({"step": state.global_step, "loss": logs["loss"], "num_tokens": logs.get("num_tokens")})
+                self.logs.append({"step": state.global_step, "loss": logs["loss"],
+                                  "num_tokens": logs.get("num_tokens")})
 
     record = {"setting": spec["setting"], "seed": spec["seed"], "stages": {}}
     with quiet_libraries(), contextlib.ExitStack() as stack:
@@ -357,7 +358,8 @@ def main(argv=None) -> int:
             elif part == "attention":
                 result["parts"]["attention"] = run_attention_part(opts, workdir)
             else:
-                result["parts"][part] = [run_script(name, args, workdir) for name, args in part_argv(part, opts.quick, not opts.no_paper_stage2)]
+                result["parts"][part] = [run_script(name, args, workdir)
+                                         for name, args in part_argv(part, opts.quick, not opts.no_paper_stage2)]
     result["wall_seconds"] = time.perf_counter() - started
     result["load_average_end"] = os.getloadavg()
     if opts.json:

@@ -427,8 +427,8 @@ def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths:
     ratio = {"init": norm_ratio(model, pixels)}
     gains = {"init": gain_statistics(model)}
     _header(*position, variant.name, f"seed {seed}, stage 1, {config.stage1_steps} steps")
-    result = train_demo_stage(model, processor, datasets["pretrain"], 1, config.stage1_steps, config.stage1_lr, variant, folder,
-                    config, seed, progress, position)
+    result = train_demo_stage(model, processor, datasets["pretrain"], 1, config.stage1_steps, config.stage1_lr,
+                              variant, folder, config, seed, progress, position)
     model = result.model
     ratio["after_stage1"] = norm_ratio(model, pixels)
     gains["after_stage1"] = gain_statistics(model)
@@ -460,8 +460,8 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
     _header(*position, variant.name, f"seed {seed}, stage 2, {config.stage2_steps} steps"
             + (f" (stage 1: {stage1['key']}'s)" if shared else ""))
     tic = time.perf_counter()
-    result = train_demo_stage(model, processor, datasets["instruct"], 2, config.stage2_steps, config.stage2_lr, variant, folder,
-                    config, seed, progress, position)
+    result = train_demo_stage(model, processor, datasets["instruct"], 2, config.stage2_steps, config.stage2_lr,
+                              variant, folder, config, seed, progress, position)
     seconds["stage2"] = time.perf_counter() - tic
     model = result.model
     tracking = {"stage1": stage1["tracking"], "stage2": result.norm_tracking}
