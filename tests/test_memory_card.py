@@ -51,6 +51,12 @@ def test_each_term_moves_the_estimate_by_what_it_holds(paper):
 
     mixed = training_estimate(paper, stage=2, sequence=2048, weight_dtype="float32", compute_dtype="bfloat16")
     assert mixed.weights_bytes == base.parameters * (4 + 2)  # the float32 weights and autocast's bf16 copies
+    # stage 1: only the projector trains; the frozen weights' casts are kept only where the backward saves them
+    frozen = training_estimate(paper, stage=1, sequence=2048, weight_dtype="float32", compute_dtype="bfloat16")
+    frozen_off = training_estimate(paper, stage=1, sequence=2048, weight_dtype="float32", compute_dtype="bfloat16",
+                                   checkpointing=False)
+    assert frozen.weights_bytes == frozen.parameters * 4 + frozen.trainable * 2
+    assert frozen_off.weights_bytes == frozen.parameters * (4 + 2)
 
 
 def test_estimate_refuses_what_it_cannot_count(paper):

@@ -174,8 +174,9 @@ def training_estimate(config, *, stage: int, weight_dtype: str = "bfloat16", com
             ``LOGIT_BYTES`` a position and vocabulary entry). Off (the default): the loss at labelled positions only
             (``train``'s path, and the model's own forward with ``loss_at_labels_only``), whose logits are a few
             tiles at a time, not counted.
-        Where ``compute_dtype`` differs from ``weight_dtype`` (autocast), the compute-dtype copies autocast makes of
-            the weights are counted with the weights.
+        Where ``compute_dtype`` differs from ``weight_dtype`` (autocast), the compute-dtype copies autocast keeps of
+            the weights are counted with the weights: of the trained ones always (its cast cache), of the frozen
+            ones without checkpointing (saved for the backward).
 
     Returns:
         ``TrainingMemory`` (bytes per part; ``total_bytes`` with the allocator's slack).
@@ -207,8 +208,10 @@ def training_estimate(config, *, stage: int, weight_dtype: str = "bfloat16", com
     weights = (parameters + sizes["lora"]) * weight_size
     if quantized_llm:
         weights -= int(sizes["llm_linear"] * (weight_size - NF4_BYTES))
-    if compute_size != weight_size:  # autocast's copies of the weights it multiplies
-        weights += parameters * compute_size
+    if compute_size != weight_size:
+        # autocast caches its cast of each trained weight for the whole forward; a frozen weight's cast is made per
+        # use and kept only where the backward saves it (without checkpointing: every layer's)
+        weights += trainable * compute_size + (0 if checkpointing else (parameters - trainable) * compute_size)
     state = OPTIMIZER_STATE_BYTES[optimizer] or 2 * weight_size
     logits = 0
     if full_logits:
