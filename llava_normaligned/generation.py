@@ -17,6 +17,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from .families.anatomy import family_of, vision_dtype
+from .families.tokens import IMAGE_TOKEN
 
 ImageLike = Image.Image | str | os.PathLike
 
@@ -239,6 +240,17 @@ def _batches(n: int, batch_size: int) -> Iterator[range]:
 
 
 @torch.inference_mode()
+def without_image_tags(text: str, *tags: str | None) -> str:
+    """A prompt's text as the model is given it: typed image tags taken out (LLaVA's ``<image>``, and ``tags``, e.g. a
+    processor's own image token; the chat template places one per image) and outer white space trimmed.
+    The one rule for every reader of LLaVA-format questions: the evaluation engines, the demo's scorer and
+    ``train``'s held-out accuracy."""
+    for tag in (IMAGE_TOKEN, *tags):
+        if tag:
+            text = text.replace(tag, "")
+    return text.strip()
+
+
 def generate_batch(
     model,
     processor,

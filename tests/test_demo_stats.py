@@ -67,3 +67,62 @@ def test_paired_difference_by_hand():
     assert clear.excludes_zero() and clear.text(signed=True) == "+0.110 ± 0.025"
     with pytest.raises(ValueError, match="as many values"):
         paired_difference([1, 2], [1])
+
+
+def test_the_detectable_difference_is_the_paired_t_test_s_80_percent_power_point():
+    """(t_{0.975, n-1} + t_{0.8, n-1}) * s / sqrt(n), by hand for three seeds (4.3027 + 1.0607); and a simulated
+    paired t-test detects that true difference about 80% of the time (power by simulation, not by formula)."""
+    from llava_normaligned.demo.stats import detectable_difference
+
+    diffs = [0.10, -0.02, 0.04]
+    s = math.sqrt(sum((d - 0.04) ** 2 for d in diffs) / 2)
+    assert detectable_difference(diffs) == pytest.approx((4.302653 + 1.060660) * s / math.sqrt(3), rel=1e-5)
+    assert detectable_difference([0.1]) is None
+
+    import random
+
+    rng = random.Random(0)
+    n, sd = 8, 0.05
+    delta = detectable_difference(_unit_spread(n, sd))
+    hits = 0
+    trials = 4000
+    for _ in range(trials):
+        sample = [delta + rng.gauss(0.0, sd) for _ in range(n)]
+        if paired_difference(sample, [0.0] * n).excludes_zero():
+            hits += 1
+    # the noncentral-t power at this delta is 0.78-0.80 (the formula is the usual normal-shift approximation)
+    assert 0.74 < hits / trials < 0.84
+
+
+def _unit_spread(n: int, sd: float) -> list[float]:
+    """n values with mean 0 and sample standard deviation exactly ``sd``."""
+    raw = [i - (n - 1) / 2 for i in range(n)]
+    scale = sd / math.sqrt(sum(v * v for v in raw) / (n - 1))
+    return [v * scale for v in raw]
+
+
+def test_paired_differences_carry_their_detectable_difference_and_records_without_it_recover_it():
+    """The issue's own figures: 3 seeds, paired half-widths 0.128, 0.047 and 0.176 detect about 16, 6 and 22 points."""
+    from llava_normaligned.demo.report import detectable
+    from llava_normaligned.demo.stats import detectable_from_interval
+
+    paired = paired_difference([0.62, 0.55, 0.60], [0.58, 0.57, 0.52])
+    record = paired.to_dict()
+    assert record["detectable_difference"] == pytest.approx(
+        detectable_from_interval(paired.half_width, paired.n), rel=1e-9)
+    legacy = {k: v for k, v in record.items() if k != "detectable_difference"}
+    assert detectable(legacy) == pytest.approx(record["detectable_difference"], rel=1e-9)
+    found = [detectable_from_interval(h, 3) for h in (0.128, 0.047, 0.176)]
+    assert [round(100 * f) for f in found] == [16, 6, 22]
+    assert "detectable_difference" not in mean_interval([0.5, 0.6]).to_dict()
+
+
+def test_seeds_for_inverts_the_detectable_difference():
+    from llava_normaligned.demo.stats import detectable_difference, seeds_for
+
+    sd = 0.03
+    n = seeds_for(sd, 0.03)
+    assert detectable_difference(_unit_spread(n, sd)) <= 0.03 < detectable_difference(_unit_spread(n - 1, sd))
+    assert seeds_for(1.0, 1e-4, most=50) is None
+    with pytest.raises(ValueError, match="difference"):
+        seeds_for(sd, 0.0)

@@ -139,6 +139,20 @@ class StageArguments(StageConfig):
                 "only)"})
     merge_adapter: bool = field(default=False, metadata={
         "help": "with --use_peft: also save the base model with the adapter merged in, to OUTPUT_DIR/merged"})
+    # held-out accuracy during training (trainer/held_out.py)
+    held_out_data_path: str | None = field(default=None, metadata={
+        "help": "a LLaVA JSON file of held-out questions with their answers: greedy answers scored by exact match "
+                "before the first step and every --held_out_steps steps, logged as held_out/accuracy and kept in "
+                "OUTPUT_DIR/held_out_accuracy.json"})
+    held_out_image_folder: str | None = field(default=None, metadata={
+        "help": "folder the held-out rows' image paths are relative to (default: --image-folder)"})
+    held_out_steps: int = field(default=100, metadata={"help": "optimizer steps between held-out readings"})
+    held_out_limit: int | None = field(default=256, metadata={
+        "help": "the first N held-out rows are answered (0 or none: all of them)"})
+    held_out_batch_size: int = field(default=16, metadata={"help": "held-out questions answered per batch"})
+    held_out_max_new_tokens: int = field(default=16, metadata={"help": "tokens generated per held-out answer"})
+    held_out_group_field: str | None = field(default="template", metadata={
+        "help": "the rows' field whose groups weigh the same in the held-out accuracy (absent: one group)"})
 
     def __post_init__(self):
         super().__post_init__()
@@ -169,6 +183,10 @@ TRAIN_NUMBERS: dict[str, NumberRule] = {
     "lr_llm": NON_NEGATIVE,
     "lr_vision": NON_NEGATIVE,
     "gradient_compensation_min": POSITIVE,
+    "held_out_steps": POSITIVE_COUNT,
+    "held_out_limit": NON_NEGATIVE,
+    "held_out_batch_size": POSITIVE_COUNT,
+    "held_out_max_new_tokens": POSITIVE_COUNT,
     # TRL's SFTConfig (transformers' TrainingArguments)
     "per_device_train_batch_size": POSITIVE_COUNT,
     "per_device_eval_batch_size": POSITIVE_COUNT,
@@ -250,6 +268,11 @@ def check_train_inputs(stage_args: StageArguments, sft_args: SFTConfig, model_ar
             check_input_file("--data-path", path)
     if stage_args.image_folder is not None:
         check_input_folder("--image-folder", stage_args.image_folder)
+    if stage_args.held_out_data_path is not None:
+        check_input_file("--held_out_data_path", stage_args.held_out_data_path)
+        folder = stage_args.held_out_image_folder
+        if folder is not None:
+            check_input_folder("--held_out_image_folder", folder)
     name = stage_args.dataset_name
     if name is not None and not os.path.exists(name) and looks_like_path(name):
         raise BadInput(f"--dataset-name {name}: no such file or folder ({os.path.abspath(name)}), and not a Hub "

@@ -54,6 +54,7 @@ from .arguments import (
     setup_environment,
 )
 from .callbacks import NormTrackingCallback, SigtermCheckpoint, Terminated, norm_records, will_log
+from .held_out import HeldOutAccuracyCallback, load_held_out
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .engines import (
     cpu_training_threads,
@@ -734,6 +735,7 @@ def _prepare_run(config: TrainConfig, argv, sigterm) -> tuple[PreparedStage, obj
     logger.info("configuration: %s", json.dumps(_redacted(config.describe()), default=str))
     # the data first: a bad row is found in seconds, not after a model of several GB has loaded
     dataset, data_report = _load_data(stage_args, shared_image_checker(sft_args))
+    held_out = _held_out_rows(stage_args)
     model, processor = _load_model(config)
     peft_config = stage2_lora_config(model_args, lora_vision=stage_args.lora_vision,
                                      family=anatomy_of(model).family) if model_args.use_peft else None
@@ -744,7 +746,23 @@ def _prepare_run(config: TrainConfig, argv, sigterm) -> tuple[PreparedStage, obj
                   "model": public_name(stage_args.model) if stage_args.model else
                   f"{public_name(stage_args.vision_model)} + {public_name(stage_args.text_model)}"},
     )
+    if held_out:
+        HeldOutAccuracyCallback.install(prepared.trainer, held_out, processor, stage_args.held_out_steps,
+                                        batch_size=stage_args.held_out_batch_size,
+                                        max_new_tokens=stage_args.held_out_max_new_tokens)
     return prepared, processor
+
+
+def _held_out_rows(stage_args) -> list | None:
+    """``--held_out_data_path``'s rows (``held_out.load_held_out``), read before the model loads; None without it."""
+    if stage_args.held_out_data_path is None:
+        return None
+    try:
+        return load_held_out(stage_args.held_out_data_path,
+                             stage_args.held_out_image_folder or stage_args.image_folder,
+                             limit=stage_args.held_out_limit or None, group_field=stage_args.held_out_group_field)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
 
 
 def _merge_if_asked(result: TrainStageResult, config: TrainConfig, processor) -> None:

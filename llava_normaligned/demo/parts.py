@@ -235,6 +235,44 @@ def draw_projector(model, seed: int) -> None:
                 linear.bias.zero_()
 
 
+def pre_norm_image_norm(model, pixel_values: torch.Tensor) -> float:
+    """Mean L2 norm of the image tokens ``model``'s projector makes before its norm layer (the LLM's image inputs
+    without it; for a model without the norm, the image inputs themselves), for ``pixel_values`` (N, 3, H, W)."""
+    from llava_normaligned.part_metrics import projected_image_norm
+
+    projector = model.model.multi_modal_projector
+    captured = []
+    handle = projector.linear_2.register_forward_hook(lambda module, args, output: captured.append(output.detach()))
+    try:
+        projected_image_norm(model, pixel_values)
+    finally:
+        handle.remove()
+    return float(captured[0].float().norm(dim=-1).mean())
+
+
+def set_norm_gap(model, pixel_values: torch.Tensor, gap: float) -> dict:
+    """Scale the projector's output layer so that the image tokens before the norm layer enter the LLM at ``gap``
+    times its text norm T (mean norms over ``pixel_values``), as LLaVA-1.5's do (29-72x, the paper's RQ1).
+
+    Why the output layer: the gap at LLaVA's LLM input is the vision encoder's feature norm times the projector's
+    gain, and the demo's tiny encoder cannot reach CLIP ViT-L's feature scale relative to a real LLM's T (SmolLM2's
+    T is 3.2, Vicuna's about 1). The layer's bias is zero (``draw_projector``) and GELU comes before it, so scaling
+    its weight scales the image tokens exactly, and nothing else changes: the same draw, direction and encoder.
+    Returns ``{"natural": the gap before, "target": gap, "factor": the scale applied}``."""
+    from llava_normaligned.part_metrics import text_embedding_norm
+
+    if not gap > 0:
+        raise ValueError(f"norm gap must be positive, got {gap}")
+    projector = model.model.multi_modal_projector
+    if projector.linear_2.bias is not None and bool(projector.linear_2.bias.detach().abs().max() > 0):
+        raise ValueError("set_norm_gap scales the projector's output layer, whose bias must be zero (draw_projector)")
+    natural = pre_norm_image_norm(model, pixel_values) / text_embedding_norm(model)
+    factor = gap / natural
+    with torch.no_grad():
+        projector.linear_2.weight.mul_(factor)
+    return {"natural": natural, "target": gap, "factor": factor}
+
+
 def compose_variant(parts: Parts, variant: Variant, seed: int = 0):
     """(model, processor): the parts composed with ``variant``'s projector norm, projector drawn by ``seed``."""
     from llava_normaligned.compose import compose

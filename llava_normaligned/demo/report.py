@@ -98,6 +98,57 @@ def paired_table(rows: list[dict], condition: str, baseline_key: str) -> list[st
     return lines
 
 
+def detectable(entry: dict) -> float | None:
+    """A paired difference's smallest detectable difference at 80% power (``stats.detectable_difference``); from its
+    interval where the record predates the stored value."""
+    from .stats import detectable_from_interval
+
+    value = entry.get("detectable_difference")
+    if value is None:
+        value = detectable_from_interval(entry.get("half_width"), int(entry.get("n") or 0), entry.get("level", 0.95))
+    return value
+
+
+def _detectable(entry: dict) -> str:
+    value = detectable(entry)
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+# the comparison the power goal is set for: target init + GWC against w/o Norm, at most 3 points of average accuracy
+POWER_ROW = "norm_target_init_gwc"
+POWER_GOAL = 0.03
+
+
+def power_text(rows: list[dict], baseline_name: str, goal: float = POWER_GOAL, key: str = POWER_ROW) -> str:
+    """What the paired comparisons could have seen: for each row, the smallest true difference in the real-image
+    average that its seeds and test size detect with 80% power (from the measured paired spread), and whether the
+    comparison of ``key`` to the baseline reaches ``goal``."""
+    cells = []
+    target = None
+    for row in rows:
+        paired = row.get("paired_to_baseline")
+        if paired is None:
+            continue
+        value = detectable(paired["real"]["avg"])
+        if value is None:
+            continue
+        cells.append(f"{row['name']} {value:.3f}")
+        if row["key"] == key:
+            target = (row["name"], value)
+    if not cells:
+        return "One seed: no spread, so no detectable difference can be given."
+    text = (f"Smallest paired difference to {baseline_name} in the real-image average that these runs detect with 80% "
+            f"power (two-sided, 95%; from the measured paired spread): {', '.join(cells)}. A difference smaller than "
+            "that, or not separated from zero, is no evidence of \"no effect\".")
+    if target is not None:
+        name, value = target
+        text += (f" {name} against {baseline_name}: {value:.3f} "
+                 + (f"(within the {goal:.2f} goal)." if value <= goal else
+                    f"(above the {goal:.2f} goal: more seeds, a larger test split or longer training are needed "
+                    "to see a difference of the paper's size)."))
+    return text
+
+
 def separation_text(rows: list[dict], baseline_name: str) -> str:
     """Which paired differences (real-image average) the intervals separate from zero, and nothing more."""
     separated, not_separated = [], []
@@ -119,13 +170,15 @@ def separation_text(rows: list[dict], baseline_name: str) -> str:
 def summary_table(rows: list[dict]) -> list[str]:
     """The headline table (results.md's first, and the README's): real- and blank-image average accuracy, mean ±
     95% interval over seeds, and the paired difference to the baseline (``*``: the interval excludes 0)."""
-    lines = ["| method | real images | paired difference to w/o Norm | blank images |", "| --- | --- | --- | --- |"]
+    lines = ["| method | real images | paired difference to w/o Norm | detectable at 80% power | blank images |",
+             "| --- | --- | --- | --- | --- |"]
     for row in rows:
         paired = row.get("paired_to_baseline")
         diff = "(reference)" if paired is None else (_interval(paired["real"]["avg"], signed=True)
                                                      + (" *" if _separated(paired["real"]["avg"]) else ""))
+        detectable = "" if paired is None else _detectable(paired["real"]["avg"])
         lines.append(f"| {row['name']} | {_interval(row['accuracy_interval']['real']['avg'])} | {diff} | "
-                     f"{_interval(row['accuracy_interval']['blank']['avg'])} |")
+                     f"{detectable} | {_interval(row['accuracy_interval']['blank']['avg'])} |")
     return lines
 
 
@@ -261,14 +314,43 @@ def gwc_text(rows: list[dict], contrasts: list[dict]) -> str:
     return gwc_finding_text(finding) if finding else ""
 
 
-def layer_table(rows: list[dict], curve: str, digits: int) -> list[str]:
-    layers = rows[0]["layers"]["layers"]
+def _groups(profile: dict) -> tuple:
+    """The token groups a profile has: the question, template and sink apart where it was measured so."""
+    return ("vision", "question", "template", "sink") if profile.get("question") else ("vision", "text")
+
+
+def layer_table(rows: list[dict], curve: str, digits: int, key: str = "layers") -> list[str]:
+    """One line per row and token group: ``curve`` per LLM layer (``key``: "layers" after stage 2, "layers_init" at
+    init); groups or curves a run did not record are left out."""
+    rows = [r for r in rows if r.get(key)]
+    if not rows:
+        return []
+    layers = rows[0][key]["layers"]
     lines = ["| Method | tokens | " + " | ".join(f"l={i}" for i in layers) + " |",
              "| --- | --- |" + " --- |" * len(layers)]
     for row in rows:
-        for modality in ("vision", "text"):
-            values = row["layers"][modality][curve]
-            lines.append(f"| {row['name']} | {modality} | " + " | ".join(_fmt(v, digits) for v in values) + " |")
+        profile = row[key]
+        for group in _groups(profile):
+            values = (profile.get(group) or {}).get(curve)
+            if values is not None:
+                lines.append(f"| {row['name']} | {group} | " + " | ".join(_fmt(v, digits) for v in values) + " |")
+    return lines if len(lines) > 2 else []
+
+
+def attention_table(rows: list[dict], digits: int = 3) -> list[str]:
+    """Per decoder layer, the attention mass the question's tokens put on the image tokens, at init and after
+    stage 2 (rows that recorded it)."""
+    rows = [r for r in rows if (r.get("layers") or {}).get("attention_to_image")]
+    if not rows:
+        return []
+    count = len(rows[0]["layers"]["attention_to_image"])
+    lines = ["| Method | when | " + " | ".join(f"l={i}" for i in range(1, count + 1)) + " |",
+             "| --- | --- |" + " --- |" * count]
+    for row in rows:
+        for key, when in (("layers_init", "init"), ("layers", "after stage 2")):
+            values = (row.get(key) or {}).get("attention_to_image")
+            if values:
+                lines.append(f"| {row['name']} | {when} | " + " | ".join(_fmt(v, digits) for v in values) + " |")
     return lines
 
 
@@ -305,12 +387,22 @@ def gain_table(rows: list[dict]) -> list[str]:
 
 
 def norm_ratio_table(rows: list[dict]) -> list[str]:
-    lines = ["| Method | at init (start of stage 1) | end of stage 1 (start of stage 2) | end of stage 2 |",
-             "| --- | --- | --- | --- |"]
+    """The ratio at the LLM input at init, after stage 1 and after stage 2; where the run recorded them, also before
+    the norm layer (the gap the norm closes) at init and after stage 2."""
+    pre = any("pre_norm_init" in row["norm_ratio"] for row in rows)
+    head = "| Method | at init (start of stage 1) | end of stage 1 (start of stage 2) | end of stage 2 |"
+    rule = "| --- | --- | --- | --- |"
+    if pre:
+        head += " before the norm layer: at init | end of stage 2 |"
+        rule += " --- | --- |"
+    lines = [head, rule]
     for row in rows:
         ratio = row["norm_ratio"]
-        lines.append(f"| {row['name']} | {_fmt(ratio.get('init'), 2)} | {_fmt(ratio.get('after_stage1'), 2)} | "
-                     f"{_fmt(ratio.get('after_stage2'), 2)} |")
+        line = (f"| {row['name']} | {_fmt(ratio.get('init'), 2)} | {_fmt(ratio.get('after_stage1'), 2)} | "
+                f"{_fmt(ratio.get('after_stage2'), 2)} |")
+        if pre:
+            line += f" {_fmt(ratio.get('pre_norm_init'), 2)} | {_fmt(ratio.get('pre_norm_after_stage2'), 2)} |"
+        lines.append(line)
     return lines
 
 
@@ -385,6 +477,8 @@ def _accuracy_lines(results: dict) -> list[str]:
         "",
         separation_text(rows, next(r["name"] for r in rows if r["key"] == baseline)),
         "",
+        power_text(rows, next(r["name"] for r in rows if r["key"] == baseline)),
+        "",
         "## The same questions with blank images (what the text alone gives; chance 0.25)",
         "",
         *accuracy_table(rows, "blank", baseline),
@@ -404,6 +498,81 @@ def _accuracy_lines(results: dict) -> list[str]:
     ]
 
 
+def text_drift_lines(rows: list[dict]) -> list[str]:
+    """The text-alone reading (``demo.text_drift``) of runs with a real LLM: each row's KL from the original LLM, mean
+    ± 95% interval over seeds, its paired difference to w/o Norm, and how often both pick the same next token."""
+    rows = [r for r in rows if r.get("text_kl_interval")]
+    if not rows:
+        return []
+    from .text_drift import ANSWER_TOKENS, PROMPTS
+
+    lines = ["## The text kept: each row's LLM on text alone against the original LLM",
+             "",
+             (f"KL(original || trained) of the next-token distributions over the original LLM's greedy answers "
+              f"({ANSWER_TOKENS} tokens) to {len(PROMPTS)} held-out text prompts, in nats per token (0: unchanged); "
+              "mean ± 95% interval over seeds. No offline text set with answers ships with the demo, so there is "
+              "no text accuracy here."),
+             "",
+             "| method | KL per token | paired difference to w/o Norm | detectable at 80% power | same top token |",
+             "| --- | --- | --- | --- | --- |"]
+    for row in rows:
+        paired = row.get("text_kl_paired")
+        diff = "(reference)" if paired is None else _interval(paired, signed=True) + (" *" if _separated(paired) else "")
+        lines.append(f"| {row['name']} | {_interval(row['text_kl_interval'])} | {diff} | "
+                     f"{'' if paired is None else _detectable(paired)} | {row['text_top1_agreement']:.3f} |")
+    return [*lines, ""]
+
+
+def curve_lines(rows: list[dict]) -> list[str]:
+    """Held-out accuracy during training (rows that recorded it): per step over both stages, mean ± 95% interval
+    over seeds."""
+    rows = [r for r in rows if r.get("curve")]
+    if not rows:
+        return []
+    steps = sorted({point["step"] for r in rows for point in r["curve"]})
+    lines = ["## Held-out accuracy during training (does the norm change how fast the model learns?)", "",
+             "Greedy answers to test questions spread over the templates, exact match, every few steps of each stage "
+             "(`train --held_out_data_path` does the same for real runs); steps count both stages (the stock row "
+             "trains one stage of as many steps); mean ± 95% interval over seeds.", "",
+             "| Method | " + " | ".join(f"step {s}" for s in steps) + " |", "| --- |" + " --- |" * len(steps)]
+    for row in rows:
+        at = {point["step"]: point for point in row["curve"]}
+        lines.append(f"| {row['name']} | " + " | ".join(_interval(at[s]) if s in at else "" for s in steps) + " |")
+    return [*lines, ""]
+
+
+def _split_mechanism_lines(rows: list[dict]) -> list[str]:
+    """The readings runs with the token groups apart record (``demo.mechanism``): medians, the cumulative direction,
+    the attention to the image, and the norms at init."""
+    if not any((r.get("layers") or {}).get("question") for r in rows):
+        return []
+    groups = ("vision: image tokens; question: the question's own tokens; template: the chat template's other tokens; "
+              "sink: each row's first token")
+    return [
+        f"Token groups: {groups}. Median token norm (one outlying token cannot move it):",
+        "",
+        *layer_table(rows, "norm_median", 3),
+        "",
+        "cos(h_l, h_0), the blog's cumulative direction (1: the tokens still point where they entered):",
+        "",
+        *layer_table(rows, "cos_to_layer0", 3),
+        "",
+        "Attention mass from the question's tokens to the image tokens (eager attention; summed over image tokens, "
+        "mean over heads, question tokens and questions):",
+        "",
+        *attention_table(rows),
+        "",
+        "At init (before stage 1), mean token norm ||h_l||:",
+        "",
+        *layer_table(rows, "norm", 3, key="layers_init"),
+        "",
+        "At init, cos(h_l, h_0):",
+        "",
+        *layer_table(rows, "cos_to_layer0", 3, key="layers_init"),
+        "",
+    ]
+
+
 def _mechanism_lines(results: dict) -> list[str]:
     rows, config = results["rows"], results["setup"]["config"]
     return [
@@ -418,8 +587,11 @@ def _mechanism_lines(results: dict) -> list[str]:
         "",
         *layer_table(rows, "cos_to_prev", 3),
         "",
+        *_split_mechanism_lines(rows),
         depth_text(results),
         "",
+        *text_drift_lines(rows),
+        *curve_lines(rows),
         "## Vision/text norm ratio at the LLM input",
         "",
         (f"Mean L2 norm of the projected image tokens of {config['probe_images']} test images "
@@ -906,7 +1078,7 @@ def measured_section(results: dict, command: str = DEMO_COMMAND) -> str:
             "average accuracy, mean ± 95% interval over the seeds, and the paired difference to w/o Norm (* = its "
             "interval excludes 0), as `results.md` prints it:")
     parts = [head, "", *summary_table(results["rows"]), "", separation_text(results["rows"], baseline), "",
-             gwc_text(results["rows"], results.get("contrasts", [])), "", depth_text(results)]
+             power_text(results["rows"], baseline), "", gwc_text(results["rows"], results.get("contrasts", [])), "", depth_text(results)]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -73,6 +74,8 @@ from .parts import (
     build_parts,
     compose_variant,
     parts_dict,
+    pre_norm_image_norm,
+    set_norm_gap,
     stock_llava,
 )
 from .real_llm import INSTALL, OFFLINE_SMOLLM2, TextModelError
@@ -138,6 +141,15 @@ class DemoConfig:
     padding_free: bool | None = None
     train_sampling_strategy: str | None = None
     attn_implementation: str | None = None
+    # The image tokens' norm at the LLM input before training, without the norm layer, in units of the LLM's text
+    # norm T (``parts.set_norm_gap``: the projector's output layer scaled to it on the probe images); None: as the
+    # projector's draw gives it (about 100x for the tiny LLM, 6x for SmolLM2-135M).
+    norm_gap: float | None = None
+    # Held-out accuracy during training (``trainer/held_out.py``, as ``train --held_out_data_path``): every
+    # ``curve_every`` steps of each stage, on ``curve_questions`` test questions spread over the templates; None: no
+    # curves (the tiny demo's record is what it was).
+    curve_every: int | None = None
+    curve_questions: int | None = None
 
     @classmethod
     def full(cls) -> DemoConfig:
@@ -190,15 +202,21 @@ class DemoConfig:
         return {k: v for k, v in data.items() if not (k in OPTIONAL_FIELDS and v is None)}
 
 
-OPTIONAL_FIELDS = ("rows", "compute_dtype", "padding_free", "train_sampling_strategy", "attn_implementation")
+OPTIONAL_FIELDS = ("rows", "compute_dtype", "padding_free", "train_sampling_strategy", "attn_implementation",
+                   "norm_gap", "curve_every", "curve_questions")
 # A real LLM's steps, rates and sizes (docs/demo.md, "A real pretrained LLM": how they were chosen).
 REAL_LLM_BATCHES = {"padding_free": False, "train_sampling_strategy": "group_by_modality_length",
                     "attn_implementation": "eager"}
+# LLaVA-1.5's image tokens enter Vicuna at about 40x its text norm (the paper's RQ2: 39.96 after the projector,
+# text embeddings 0.80-1.38); the projector's draw alone gives SmolLM2-135M about 6x
+REAL_LLM_NORM_GAP = 40.0
 REAL_LLM_FULL = {"batch_size": 16, "stage1_steps": 20, "stage2_steps": 40, "stage1_lr": 1e-3, "stage2_lr": 1e-4,
-                 "stage2_vision_lr": 2e-5, "logging_steps": 5, "eval_batch_size": 64, **REAL_LLM_BATCHES}
+                 "stage2_vision_lr": 2e-5, "logging_steps": 5, "eval_batch_size": 64, "norm_gap": REAL_LLM_NORM_GAP,
+                 "curve_every": 10, "curve_questions": 64, **REAL_LLM_BATCHES}
 REAL_LLM_QUICK = {"batch_size": 4, "stage1_steps": 2, "stage2_steps": 2, "stage1_lr": 1e-3, "stage2_lr": 1e-4,
                   "stage2_vision_lr": 2e-5, "logging_steps": 1, "probe_images": 8, "layer_probe_images": 4,
-                  "eval_batch_size": 80, **REAL_LLM_BATCHES}
+                  "eval_batch_size": 80, "norm_gap": REAL_LLM_NORM_GAP, "curve_every": 1, "curve_questions": 8,
+                  **REAL_LLM_BATCHES}
 
 
 def config_from_dict(data: dict) -> DemoConfig:
@@ -332,6 +350,31 @@ def norm_ratio(model, pixels) -> float:
     return vision_text_norm_ratio(model, pixels)["vision_text_ratio"]
 
 
+@functools.lru_cache(maxsize=1)
+def _text_references(text_dir: str) -> list:
+    """The original LLM's answers and distributions on the held-out text prompts (``text_drift``), once a process."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .text_drift import reference_answers
+
+    llm = AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
+    return reference_answers(llm, AutoTokenizer.from_pretrained(text_dir))
+
+
+def text_drift_reading(model, parts: Parts) -> dict:
+    """KL of ``model``'s LLM on text alone from the original LLM (``text_drift``)."""
+    from .text_drift import text_kl
+
+    return text_kl(model, _text_references(parts.text_dir))
+
+
+def pre_norm_ratio(model, pixels) -> float:
+    """The image tokens' norm before the projector's norm layer over T: the gap the norm layer closes."""
+    from llava_normaligned.part_metrics import text_embedding_norm
+
+    return pre_norm_image_norm(model, pixels) / text_embedding_norm(model)
+
+
 def _header(index: int, total: int, name: str, what: str) -> None:
     print(f"[{index}/{total}] {name}: {what}", file=sys.stderr, flush=True)
 
@@ -391,6 +434,20 @@ def frozen_heap():
         gc.unfreeze()
 
 
+def curve_callback(config: DemoConfig, processor, test_rows, folder: str):
+    """The held-out accuracy callback of one stage (``config.curve_every``), or None: ``curve_questions`` test
+    questions taken at an even stride through the test split, so every template is in them."""
+    if not config.curve_every:
+        return None
+    from llava_normaligned.trainer.held_out import HeldOutAccuracyCallback, HeldOutRow
+
+    count = min(config.curve_questions or len(test_rows), len(test_rows))
+    stride = max(1, len(test_rows) // count)
+    rows = [HeldOutRow(r.question, r.answer, r.image_path, r.template) for r in test_rows[::stride][:count]]
+    return HeldOutAccuracyCallback(rows, processor, config.curve_every, batch_size=config.eval_batch_size,
+                                   max_new_tokens=6, output_dir=folder)
+
+
 def train_demo_stage(model, processor, dataset, stage: int, steps: int, lr: float, variant: Variant, folder: str,
                      config: DemoConfig, seed: int, progress: bool, position: tuple[int, int] = (1, 1),
                      callbacks: list | None = None):
@@ -424,15 +481,19 @@ def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths:
     torch.manual_seed(seed)
     model, processor = compose_variant(parts, variant, seed=seed)
     pixels = probe_pixels(processor, test_rows, config.probe_images)
-    ratio = {"init": norm_ratio(model, pixels)}
+    gap = set_norm_gap(model, pixels, config.norm_gap) if config.norm_gap else None
+    ratio = {"init": norm_ratio(model, pixels), "pre_norm_init": pre_norm_ratio(model, pixels)}
     gains = {"init": gain_statistics(model)}
+    layers_init = layer_profile(model, processor, test_rows, config.layer_probe_images)
     _header(*position, variant.name, f"seed {seed}, stage 1, {config.stage1_steps} steps")
+    curve = curve_callback(config, processor, test_rows, os.path.join(folder, "stage1"))
     result = train_demo_stage(model, processor, datasets["pretrain"], 1, config.stage1_steps, config.stage1_lr,
-                              variant, folder, config, seed, progress, position)
+                              variant, folder, config, seed, progress, position, callbacks=[curve] if curve else None)
     model = result.model
     ratio["after_stage1"] = norm_ratio(model, pixels)
     gains["after_stage1"] = gain_statistics(model)
-    return {"key": variant.key, "seed": seed, "pixels": pixels, "ratio": ratio, "gains": gains,
+    return {"key": variant.key, "seed": seed, "pixels": pixels, "ratio": ratio, "gains": gains, "norm_gap": gap,
+            "layers_init": layers_init, "curve": curve.records if curve else None,
             "tracking": result.norm_tracking, "loss": result.metrics.get("train_loss"),
             "seconds": time.perf_counter() - start,
             "checkpoint": os.path.relpath(os.path.join(folder, "stage1"), paths.root),
@@ -460,13 +521,15 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
     _header(*position, variant.name, f"seed {seed}, stage 2, {config.stage2_steps} steps"
             + (f" (stage 1: {stage1['key']}'s)" if shared else ""))
     tic = time.perf_counter()
+    curve = curve_callback(config, processor, test_rows, os.path.join(folder, "stage2"))
     result = train_demo_stage(model, processor, datasets["instruct"], 2, config.stage2_steps, config.stage2_lr,
-                              variant, folder, config, seed, progress, position)
+                              variant, folder, config, seed, progress, position, callbacks=[curve] if curve else None)
     seconds["stage2"] = time.perf_counter() - tic
     model = result.model
     tracking = {"stage1": stage1["tracking"], "stage2": result.norm_tracking}
     losses = {"stage1": stage1["loss"], "stage2": result.metrics.get("train_loss")}
     ratio["after_stage2"] = norm_ratio(model, pixels)
+    ratio["pre_norm_after_stage2"] = pre_norm_ratio(model, pixels)
     gains["after_stage2"] = gain_statistics(model)
 
     _header(*position, variant.name, "scoring the test split (real and blank images)")
@@ -476,10 +539,12 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
                              batch_size=config.eval_batch_size, progress=progress, desc=f"scoring {variant.key}")
     seconds["scoring"] = time.perf_counter() - tic
     layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
+    drift = text_drift_reading(model, parts) if config.real else None
     seconds["total"] = seconds["stage1"] + time.perf_counter() - start
     row = {
         "name": variant.name, "key": variant.key, "seed": seed, "training": variant.training_fields(),
-        "layers": layers,
+        "layers": layers, "layers_init": stage1["layers_init"], **({"text_drift": drift} if drift else {}),
+        **({"curve": {"stage1": stage1["curve"], "stage2": curve.records}} if curve else {}),
         "recipe": "two stages (this package's train_stage: TRL SFTTrainer, answer-only labels, per-part rates)",
         "model_class": type(model).__name__, "variant": variant.config_fields(),
         "checkpoint": os.path.relpath(os.path.join(folder, "stage2"), paths.root),
@@ -487,6 +552,7 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
         "accuracy": scores.accuracy, "visual_gain": scores.visual_gain, "examples": scores.examples,
         "norm_ratio": ratio, "gain_stats": gains, "tracking": tracking, "train_loss": losses,
         "steps": {"stage1": config.stage1_steps, "stage2": config.stage2_steps}, "seconds": seconds,
+        **({"norm_gap": stage1["norm_gap"]} if stage1.get("norm_gap") else {}),
     }
     _write_json(row, os.path.join(folder, RESULT_FILE))
     return row
@@ -519,6 +585,8 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
     start = time.perf_counter()
     torch.manual_seed(seed)
     norm_aligned, processor = compose_variant(parts, VARIANTS[0], seed=seed)
+    pixels = probe_pixels(processor, test_rows, config.probe_images)
+    gap = set_norm_gap(norm_aligned, pixels, config.norm_gap) if config.norm_gap else None
     model = stock_llava(norm_aligned)
     del norm_aligned
     for param in model.model.vision_tower.parameters():
@@ -530,8 +598,8 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
 
         processor.chat_template = multimodal_chat_template(marked_chat_template(processor.tokenizer),
                                                            processor.tokenizer)
-    pixels = probe_pixels(processor, test_rows, config.probe_images)
-    ratio = {"init": norm_ratio(model, pixels)}
+    ratio = {"init": norm_ratio(model, pixels), "pre_norm_init": pre_norm_ratio(model, pixels)}
+    layers_init = layer_profile(model, processor, test_rows, config.layer_probe_images)
 
     _header(*position, STOCK_NAME, f"seed {seed}, one stage, {steps} steps")
     with trainer_console_to(os.path.join(folder, "trainer_log.txt")), frozen_heap():
@@ -542,13 +610,16 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
         args = sft_args(os.path.join(folder, "model"), steps, config.stage2_lr,
                         dataclasses.replace(config, padding_free=None, train_sampling_strategy=None), seed,
                         assistant_only_loss=True, disable_tqdm=not progress)
+        curve = curve_callback(config, processor, test_rows, args.output_dir)
         trainer = SFTTrainer(model=model, args=args, train_dataset=datasets["instruct"], processing_class=processor,
-                             callbacks=_callbacks(config, position, STOCK_NAME, f"seed {seed}, one stage") or None)
+                             callbacks=_callbacks(config, position, STOCK_NAME, f"seed {seed}, one stage")
+                             + ([curve] if curve else []) or None)
         NormTrackingCallback.install(trainer)
         output = trainer.train()
         trainer.save_model(args.output_dir)
     seconds = {"train": time.perf_counter() - start}
     ratio["after_stage2"] = norm_ratio(model, pixels)  # one stage: reported in the end-of-training column
+    ratio["pre_norm_after_stage2"] = pre_norm_ratio(model, pixels)
 
     _header(*position, STOCK_NAME, "scoring the test split (real and blank images)")
     tic = time.perf_counter()
@@ -557,6 +628,7 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
                              batch_size=config.eval_batch_size, progress=progress, desc="scoring stock")
     seconds["scoring"] = time.perf_counter() - tic
     layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
+    drift = text_drift_reading(model, parts) if config.real else None
     seconds["total"] = time.perf_counter() - start
     row = {
         "name": STOCK_NAME,
@@ -564,6 +636,9 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
         "seed": seed,
         "training": {"max_grad_norm": args.max_grad_norm, "clip_per_part": False},
         "layers": layers,
+        "layers_init": layers_init,
+        **({"text_drift": drift} if drift else {}),
+        **({"curve": {"one_stage": curve.records}} if curve else {}),
         "recipe": "one stage on the questions (TRL SFTTrainer as shipped, assistant_only_loss); vision tower frozen",
         "model_class": type(model).__name__,
         "variant": {"projector_norm": None},
@@ -571,6 +646,7 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
         "accuracy": scores.accuracy,
         "visual_gain": scores.visual_gain,
         "examples": scores.examples,
+        **({"norm_gap": gap} if gap else {}),
         "norm_ratio": ratio,
         "gain_stats": {},
         "tracking": {"stage2": norm_records(trainer.state.log_history)},
@@ -749,11 +825,40 @@ def aggregate(runs: list[dict], baseline: list[dict] | None) -> dict:
     row["gain_stats"] = _mean(r["gain_stats"] for r in runs) if first["gain_stats"] else {}
     row["optimizer_step"] = _mean(optimizer_step_stats(r["tracking"].get("stage2") or []) for r in runs)
     row["layers"] = mean_profiles([r["layers"] for r in runs])
+    if all(r.get("curve") for r in runs):
+        row["curve"] = curve_intervals([r["curve"] for r in runs], first["steps"].get("stage1", 0))
+    if all(r.get("text_drift") for r in runs):
+        row["text_kl_interval"] = mean_interval([r["text_drift"]["kl"] for r in runs]).to_dict()
+        row["text_top1_agreement"] = _mean(r["text_drift"]["top1_agreement"] for r in runs)
+        if baseline is not None and all(b.get("text_drift") for b in baseline):
+            row["text_kl_paired"] = paired_difference([r["text_drift"]["kl"] for r in runs],
+                                                      [b["text_drift"]["kl"] for b in baseline]).to_dict()
+    if all(r.get("layers_init") for r in runs):
+        row["layers_init"] = mean_profiles([r["layers_init"] for r in runs])
     row["per_seed"] = [{"seed": r["seed"], "real_avg": r["accuracy"]["real"]["avg"],
                         "blank_avg": r["accuracy"]["blank"]["avg"], "visual_gain": r["visual_gain"],
                         "checkpoint": r["checkpoint"], "seconds": r["seconds"].get("total")} for r in runs]
     row["seconds"] = {"total": sum(r["seconds"].get("total") or 0 for r in runs)}
     return row
+
+
+def curve_intervals(curves: list[dict], stage1_steps: int) -> list[dict]:
+    """Held-out accuracy over training, per step, mean and 95% interval over the seeds: ``[{"step", "stage",
+    "mean", "half_width", "n"}]``, steps counted over both stages (a stage-2 reading at step s is at stage1_steps + s;
+    the stock row's one stage as it is); only steps every seed read."""
+    from .stats import mean_interval
+
+    offsets = {"stage1": 0, "stage2": stage1_steps, "one_stage": 0}
+    readings: dict[tuple, list[float]] = {}
+    for curve in curves:
+        for stage, records in curve.items():
+            for record in records or ():
+                if stage == "stage2" and record["step"] == 0:
+                    continue  # the model stage 1 ended with, read again
+                key = (offsets[stage] + record["step"], stage)
+                readings.setdefault(key, []).append(record["accuracy"])
+    return [{"step": step, "stage": stage, **mean_interval(values).to_dict()}
+            for (step, stage), values in sorted(readings.items()) if len(values) == len(curves)]
 
 
 def contrast(rows: list[dict], per_run: dict, key: str, reference: str) -> dict:
@@ -1134,6 +1239,12 @@ def make_parser() -> argparse.ArgumentParser:
                         help=f"training rows a step, both stages: default {full.batch_size}, "
                              f"--quick {quick.batch_size}; with --text-model {real['batch_size']}, --quick "
                              f"{real_quick['batch_size']}")
+    parser.add_argument("--norm-gap", type=float, default=None, metavar="X",
+                        help="the image tokens' norm at the LLM input before training, without the norm layer, as X "
+                             "times the LLM's text-embedding norm (the paper's LLaVA: about 30-70; the projector's "
+                             f"output layer is scaled to it); 0: as the projector's draw gives it. Default: with "
+                             f"--text-model {REAL_LLM_NORM_GAP:g} (LLaVA-1.5's), else as drawn (the tiny LLM's "
+                             "is already about 100)")
     parser.add_argument("--llm-layers", type=int, default=None,
                         help="decoder layers of the tiny LLM (default 4): more depth for the per-layer mechanism to act "
                              "over; each run then takes longer. Not with --text-model")
@@ -1178,8 +1289,11 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         config = DemoConfig.quick() if args.quick else DemoConfig.full()
     overrides = {name: value for name, value in (("seed", args.seed), ("stage1_steps", args.stage1_steps),
                                                  ("stage2_steps", args.stage2_steps), ("batch_size", args.batch_size),
-                                                 ("threads", args.threads), ("num_seeds", args.num_seeds))
+                                                 ("threads", args.threads), ("num_seeds", args.num_seeds),
+                                                 ("norm_gap", args.norm_gap))
                  if value is not None}
+    if overrides.get("norm_gap") == 0:  # as the projector's draw gives it
+        overrides["norm_gap"] = None
     check_numbers({name: value for name, value in vars(args).items() if value is not None}, DEMO_NUMBERS,
                   flag=_demo_flag)
     if args.llm_layers is not None:
@@ -1199,7 +1313,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 # the demo's numeric options, checked with the rules every command uses (llava_normaligned.console.checks)
 DEMO_NUMBERS = {"seed": SEED, "stage1_steps": POSITIVE_COUNT, "stage2_steps": POSITIVE_COUNT,
                 "batch_size": POSITIVE_COUNT, "threads": NON_NEGATIVE, "num_seeds": POSITIVE_COUNT,
-                "llm_layers": POSITIVE_COUNT, "workers": POSITIVE_COUNT}
+                "llm_layers": POSITIVE_COUNT, "workers": POSITIVE_COUNT, "norm_gap": NON_NEGATIVE}
 
 
 def _demo_flag(name: str) -> str:

@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm.auto import tqdm
 
-from llava_normaligned.evaluation.prompts import without_image_tags
-from llava_normaligned.generation import generate_batch
+from llava_normaligned.generation import generate_batch, without_image_tags
 from llava_normaligned.trainer.rewards import normalize_answer
 
 from . import synthetic

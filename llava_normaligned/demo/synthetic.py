@@ -292,7 +292,7 @@ def text_only_accuracy(records: list[dict]) -> dict[str, float]:
 
 
 def _question_answer(record: dict) -> tuple[str, str]:
-    from llava_normaligned.evaluation.prompts import without_image_tags
+    from llava_normaligned.generation import without_image_tags
 
     turns = record["conversations"]
     return without_image_tags(turns[0]["value"]), turns[1]["value"]

@@ -32,9 +32,10 @@ from lmms_eval.api.instance import GenerationResult
 from lmms_eval.api.model import lmms
 from lmms_eval.models.registry_v2 import ModelManifest
 
+from ..generation import without_image_tags
 from .batches import chunks, generate_answers, to_rgb
 from .loglik import encode_pair, score_pairs
-from .prompts import GenerationRequest, without_image_tags
+from .prompts import GenerationRequest
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..families.tokens import IMAGE_TOKEN
+from ..generation import without_image_tags
 
 # lmms-eval's suffixes (tasks/*/..._yaml, `post_prompt`).
 LETTER_SUFFIX = "\nAnswer with the option's letter from the given choices directly."
@@ -66,15 +66,6 @@ def _options_request(row: dict, doc_id: str, question: str, options: list, gold:
     return GenerationRequest(doc_id=doc_id, prompt=f"{question}\n{listing}{LETTER_SUFFIX}", images=_image_list(row),
                              gold=gold, choices=choices, meta=meta or {})
 
-
-def without_image_tags(text: str, *tags: str | None) -> str:
-    """A prompt's text as the model is given it: typed image tags taken out (LLaVA's ``<image>``, and ``tags``, e.g. a
-    processor's own image token; the chat template places one per image) and outer white space trimmed.
-    The one rule for both engines: the own harness's questions (``synthetic``) and lmms-eval's task texts."""
-    for tag in (IMAGE_TOKEN, *tags):
-        if tag:
-            text = text.replace(tag, "")
-    return text.strip()
 
 
 # ---- POPE (lmms-lab/POPE): yes/no object probing ----
