@@ -51,8 +51,8 @@ def layer_profile(model, processor, rows, n: int) -> dict:
         stacked = tap.stacked()
     finally:
         model.train(was_training)
-    ids = inputs["input_ids"]
-    valid = inputs["attention_mask"].bool()
+    ids = inputs["input_ids"].cpu()
+    valid = inputs["attention_mask"].bool().cpu()
     vision = ids == points.image_token_id
     texts = [render_prompt(processor, q, 1, None) for q in questions]
     question, rule = prompt_text_mask(processor, texts, questions, {"input_ids": ids, "attention_mask": valid.long()},
@@ -87,7 +87,7 @@ def attention_to_image(attentions, queries: torch.Tensor, keys: torch.Tensor) ->
         for b in range(layer.shape[0]):
             if not queries[b].any() or not keys[b].any():
                 continue
-            mass = layer[b].float()[:, queries[b]][:, :, keys[b]].sum(dim=-1)  # (H, Q)
+            mass = layer[b].float().cpu()[:, queries[b]][:, :, keys[b]].sum(dim=-1)  # (H, Q)
             per_row.append(float(mass.mean()))
         out.append(sum(per_row) / len(per_row) if per_row else None)
     return out

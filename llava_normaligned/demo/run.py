@@ -150,6 +150,9 @@ class DemoConfig:
     # curves (the tiny demo's record is what it was).
     curve_every: int | None = None
     curve_questions: int | None = None
+    # Where the runs train and score: None, the CPU; "cuda" (``demo --device cuda``: the GPU script,
+    # benchmarks/gpu_demo.sh), a real LLM then in bf16 autocast.
+    device: str | None = None
 
     @classmethod
     def full(cls) -> DemoConfig:
@@ -203,7 +206,7 @@ class DemoConfig:
 
 
 OPTIONAL_FIELDS = ("rows", "compute_dtype", "padding_free", "train_sampling_strategy", "attn_implementation",
-                   "norm_gap", "curve_every", "curve_questions")
+                   "norm_gap", "curve_every", "curve_questions", "device")
 # A real LLM's steps, rates and sizes (docs/demo.md, "A real pretrained LLM": how they were chosen).
 REAL_LLM_BATCHES = {"padding_free": False, "train_sampling_strategy": "group_by_modality_length",
                     "attn_implementation": "eager"}
@@ -310,7 +313,7 @@ def sft_args(output_dir: str, steps: int, lr: float, config: DemoConfig, seed: i
         logging_steps=min(config.logging_steps, steps),
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
+        use_cpu=config.device in (None, "cpu"),
         bf16=config.compute_dtype == "bfloat16",  # autocast over float32 master weights (a real LLM on a bf16 CPU)
         fp16=False,
         activation_checkpointing=False,  # TRL's default is on; nothing to save at this size
@@ -408,7 +411,7 @@ def compute_autocast(config: DemoConfig):
     """Scoring in the precision the run trained in: bf16 autocast with a real LLM on a CPU with bf16 matmul, else
     nothing changed."""
     if config.compute_dtype == "bfloat16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast("cuda" if config.device == "cuda" else "cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -1245,6 +1248,13 @@ def make_parser() -> argparse.ArgumentParser:
                              f"output layer is scaled to it); 0: as the projector's draw gives it. Default: with "
                              f"--text-model {REAL_LLM_NORM_GAP:g} (LLaVA-1.5's), else as drawn (the tiny LLM's "
                              "is already about 100)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the runs train and score (default cpu; cuda: one GPU, shared by the --workers "
+                             "processes, bf16 autocast with --text-model)")
+    parser.add_argument("--test-per-template", type=int, default=None, metavar="N",
+                        help=f"held-out questions per template (default {full.data.test_per_template}, --quick "
+                             f"{quick.data.test_per_template}; a multiple of 16): more of them narrow what the paired "
+                             "comparisons can detect")
     parser.add_argument("--llm-layers", type=int, default=None,
                         help="decoder layers of the tiny LLM (default 4): more depth for the per-layer mechanism to act "
                              "over; each run then takes longer. Not with --text-model")
@@ -1284,7 +1294,8 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         if args.llm_layers is not None:
             raise ValueError("--llm-layers sets the tiny LLM's depth; --text-model trains the real LLM as it is")
         resolve_text_model(args.text_model)  # a name that cannot load fails here, before anything is written
-        config = DemoConfig.real_llm(args.text_model, compute_dtype(), quick=args.quick)
+        config = DemoConfig.real_llm(args.text_model, "bfloat16" if args.device == "cuda" else compute_dtype(),
+                                     quick=args.quick)
     else:
         config = DemoConfig.quick() if args.quick else DemoConfig.full()
     overrides = {name: value for name, value in (("seed", args.seed), ("stage1_steps", args.stage1_steps),
@@ -1294,8 +1305,16 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
                  if value is not None}
     if overrides.get("norm_gap") == 0:  # as the projector's draw gives it
         overrides["norm_gap"] = None
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False)")
+        overrides["device"] = "cuda"
+        if config.attn_implementation == "eager":  # the CPU's choice for ~70-token rows; a GPU runs sdpa's kernels
+            overrides["attn_implementation"] = "sdpa"
     check_numbers({name: value for name, value in vars(args).items() if value is not None}, DEMO_NUMBERS,
                   flag=_demo_flag)
+    if args.test_per_template is not None:
+        overrides["data"] = dataclasses.replace(config.data, test_per_template=args.test_per_template)
     if args.llm_layers is not None:
         text = dataclasses.replace(config.parts.text, num_hidden_layers=args.llm_layers)
         overrides["parts"] = dataclasses.replace(config.parts, text=text)
@@ -1313,7 +1332,8 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 # the demo's numeric options, checked with the rules every command uses (llava_normaligned.console.checks)
 DEMO_NUMBERS = {"seed": SEED, "stage1_steps": POSITIVE_COUNT, "stage2_steps": POSITIVE_COUNT,
                 "batch_size": POSITIVE_COUNT, "threads": NON_NEGATIVE, "num_seeds": POSITIVE_COUNT,
-                "llm_layers": POSITIVE_COUNT, "workers": POSITIVE_COUNT, "norm_gap": NON_NEGATIVE}
+                "llm_layers": POSITIVE_COUNT, "workers": POSITIVE_COUNT, "norm_gap": NON_NEGATIVE,
+                "test_per_template": POSITIVE_COUNT}
 
 
 def _demo_flag(name: str) -> str:

@@ -89,9 +89,9 @@ def text_kl(model, references: list[dict]) -> dict:
     per_prompt, agree, positions = [], 0, 0
     try:
         for ref in references:
-            ids = torch.tensor([ref["ids"]])
+            ids = torch.tensor([ref["ids"]], device=model.device)
             start, end = ref["answer_start"], len(ref["ids"])
-            logits = model(input_ids=ids).logits[0, start - 1:end - 1].float()
+            logits = model(input_ids=ids).logits[0, start - 1:end - 1].float().cpu()
             reference = ref["logprobs"]
             logprobs = torch.log_softmax(logits[:, :reference.shape[-1]], dim=-1)
             kl = (reference.exp() * (reference - logprobs)).sum(dim=-1)  # (answer tokens,)

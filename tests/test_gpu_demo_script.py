@@ -1,0 +1,42 @@
+"""`benchmarks/gpu_demo.sh`: the demo's GPU version. Here (no GPU) its flags reach the demo's parser, its GPU path
+stops in one line, and the demo's `--device cuda` is refused in one line without a GPU; its `--cpu-tiny` path is the
+quick real-LLM demo that tests/test_demo_real_llm.py runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "gpu_demo.sh")
+
+
+def _run(*args):
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHON": sys.executable})
+
+
+def test_help_and_bad_arguments():
+    done = _run("--help")
+    assert done.returncode == 0 and "--cpu-tiny" in done.stdout and "--seeds N" in done.stdout
+    bad = _run("--bogus")
+    assert bad.returncode == 2 and "unknown argument --bogus" in bad.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_without_a_gpu_it_stops_in_one_line(tmp_path):
+    from llava_normaligned.demo.run import config_from_args, make_parser
+
+    done = _run("--output-dir", str(tmp_path / "out"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    parser = make_parser()
+    args = ["--output-dir", "x", "--text-model", "smollm2-135m-offline", "--seeds", "8", "--stage1-steps", "320",
+            "--stage2-steps", "640", "--test-per-template", "256", "--workers", "8"]
+    config = config_from_args(parser.parse_args(args))
+    assert (config.num_seeds, config.stage1_steps, config.stage2_steps) == (8, 320, 640)
+    assert config.data.test_per_template == 256 and config.device is None and config.norm_gap == 40.0
+    with pytest.raises(ValueError, match="--device cuda: torch sees no CUDA GPU"):
+        config_from_args(parser.parse_args([*args, "--device", "cuda"]))
