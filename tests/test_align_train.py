@@ -61,7 +61,7 @@ def aligned(tmp_path_factory):
     """family -> the aligned folder (stock folder saved, then `align` through the CLI)."""
     root = tmp_path_factory.mktemp("align_train")
     made = {}
-    for family in (*TRAINED, "qwen2_vl"):
+    for family in (*TRAINED, "mistral3"):
         stock = save_tiny_vlm(family, str(root / "stock" / family))
         made[family] = str(root / "aligned" / family)
         assert cli_main(["align", stock, "--output-dir", made[family]]) == 0
@@ -309,11 +309,11 @@ def test_a_family_whose_processor_needs_torchvision_is_refused_in_one_line(align
     except ImportError:
         pass
     else:
-        pytest.skip("torchvision is installed: Qwen2-VL's transformers processor loads and trains")
+        pytest.skip("torchvision is installed: Mistral3's transformers processor loads and trains")
     out = tmp_path / "never"
-    assert _train(aligned["qwen2_vl"], str(out), data) == 2
+    assert _train(aligned["mistral3"], str(out), data) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "qwen2_vl" in err and "pip install torchvision" in err
+    assert "mistral3" in err and "pip install torchvision" in err
     assert not out.exists()
 
 

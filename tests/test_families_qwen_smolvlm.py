@@ -92,8 +92,9 @@ def _connector_output_layer(model, family: str):
 def test_llm_input_norm_is_inputs_embeds_and_connector_scale_k_scales_the_ratio(family, folders):
     model, processor = load_model(folders[family])
     assert family_of(model.config).name == family
-    # the folder's AutoProcessor needs torchvision (Qwen, SmolVLM); Idefics3's does not, and is transformers' own
-    assert isinstance(processor, ExpandingProcessor) == (family != "idefics3")
+    # the folder's AutoProcessor needs torchvision (Qwen, SmolVLM): Qwen's is transformers' class without its video
+    # part, SmolVLM's the ExpandingProcessor; Idefics3's needs none, and is transformers' own
+    assert isinstance(processor, ExpandingProcessor) == (family == "smolvlm")
     samples = _samples(3)
     before = probe_model(model, processor, _config(), samples)
     assert before["family"] == family
@@ -201,7 +202,7 @@ def test_qwen_placeholder_expansion_counts_merged_tokens(folders):
     processor = load_processor(folders["qwen2_5_vl"], load_model(folders["qwen2_5_vl"])[0].config)
     images = [Image.new("RGB", (48, 32)), Image.new("RGB", (32, 32))]
     texts = [format_prompt(processor, "hi", True), format_prompt(processor, "a longer prompt", True)]
-    out = processor(text=texts, images=images, return_tensors="pt", add_special_tokens=False)
+    out = processor(text=texts, images=images, return_tensors="pt", padding=True, add_special_tokens=False)
     image_id = processor.image_token_id
     counts = (out["input_ids"] == image_id).sum(-1).tolist()
     assert counts == (out["image_grid_thw"].prod(-1) // 4).tolist()

@@ -4,10 +4,12 @@ Every family loads its processor with ``AutoProcessor`` where it can: transforme
 needs (it reports where each image tag was expanded) and what users load. Where it cannot, a family registered here
 is built otherwise (``auto_first=True``: the builder is the fallback). Without torchvision the processors of
 Qwen2-VL, Qwen2.5-VL, Qwen3-VL and SmolVLM (SmolVLM2) cannot load (they hold a video processor that needs it;
-SmolVLM's also needs ``num2words``): their builders make an ``ExpandingProcessor`` from the family's parts, the
-folder's tokenizer, its image processor (the PIL one when the fast one needs torchvision; ``AutoImageProcessor``
-picks it), its chat template, and the family's placeholder expansion. It is called like a transformers processor and
-returns what the model's forward takes: enough to diagnose and generate, not to train. LLaVA-OneVision's, InternVL's
+SmolVLM's also needs ``num2words``). Qwen's builder makes transformers' own processor class without its video part
+(``without_video``) on the folder's PIL image processor, which trains like the stock one. SmolVLM's builder (and
+Qwen's, where that class cannot be built) makes an ``ExpandingProcessor`` from the family's parts, the folder's
+tokenizer, its image processor (the PIL one when the fast one needs torchvision; ``AutoImageProcessor`` picks it), its
+chat template, and the family's placeholder expansion. It is called like a transformers processor and returns what
+the model's forward takes: enough to diagnose and generate, not to train. LLaVA-OneVision's, InternVL's
 and Mistral3's processors need torchvision too; their builders use transformers' processor classes without the
 video part, or a Pixtral-layout processor written here. Idefics3's processor needs no torchvision.
 
@@ -168,16 +170,17 @@ def chat_template(model_id: str, tokenizer, revision: str | None = None) -> str 
     return template or getattr(tokenizer, "chat_template", None)
 
 
-def _checked(processor: ExpandingProcessor, config, model_id: str) -> ExpandingProcessor:
+def _checked(processor, config, model_id: str):
     """The tokenizer's image token must be the model's (``config.image_token_id``): else no image would be placed."""
     expected = getattr(config, "image_token_id", None)
-    if expected is not None and processor.image_token_id != expected:
+    if expected is not None and getattr(processor, "image_token_id", expected) != expected:
         raise ValueError(f"{model_id}: the tokenizer's image token {processor.image_token!r} has id "
                          f"{processor.image_token_id}, the model's config.image_token_id is {expected}")
     return processor
 
 
-def _parts(model_id: str, hub_kwargs: dict):
+def processor_parts(model_id: str, hub_kwargs: dict):
+    """(tokenizer, image processor, chat template) of a folder or Hub repo, the parts every builder starts from."""
     import logging
 
     from transformers import AutoImageProcessor, AutoTokenizer
@@ -197,7 +200,7 @@ def _parts(model_id: str, hub_kwargs: dict):
 # ------------------------------------------------------------------------------------------- Qwen2/2.5/3-VL
 
 
-def _expand_qwen(processor: ExpandingProcessor, texts: list[str], images):
+def expand_qwen(processor: ExpandingProcessor, texts: list[str], images):
     """``<|image_pad|>`` -> one per merged token: prod(grid_thw) / merge_size^2 (the chat template writes the
     ``<|vision_start|>`` / ``<|vision_end|>`` around it). ``images``: one flat list, in the order of the
     placeholders."""
@@ -212,11 +215,35 @@ def _expand_qwen(processor: ExpandingProcessor, texts: list[str], images):
     return expanded, {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
 
+QWEN_PROCESSORS = {  # family -> (module, class) of transformers' processor: its module imports no torchvision
+    "qwen2_vl": ("transformers.models.qwen2_vl.processing_qwen2_vl", "Qwen2VLProcessor"),
+    "qwen2_5_vl": ("transformers.models.qwen2_5_vl.processing_qwen2_5_vl", "Qwen2_5_VLProcessor"),
+    "qwen3_vl": ("transformers.models.qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
+}
+
+
 @register("qwen2_vl", "qwen2_5_vl", "qwen3_vl", auto_first=True)
-def build_qwen_vl(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
-    tokenizer, image_processor, template = _parts(model_id, hub_kwargs)
-    image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
-    processor = ExpandingProcessor(tokenizer, image_processor, template, image_token, _expand_qwen, token_types=True)
+def build_qwen_vl(model_id: str, config, **hub_kwargs):
+    """Transformers' own Qwen2/2.5/3-VL processor without its video part (``without_video``), on the folder's PIL
+    image processor and tokenizer: the processor training needs (``train``, as with torchvision), with the family's
+    own placeholder expansion, ``image_grid_thw`` and ``mm_token_type_ids``. Where that class cannot be built (an
+    older transformers whose processor module imports torchvision), the ``ExpandingProcessor``, which diagnoses and
+    generates but does not train."""
+    import importlib
+
+    family = family_of(config)
+    module, name = QWEN_PROCESSORS[family.name]
+    try:
+        processor_class = getattr(importlib.import_module(module), name)
+        image_processor, tokenizer, kwargs = _saved_parts(model_id, hub_kwargs.get("revision"),
+                                                          hub_kwargs.get("trust_remote_code"))
+        processor = without_video(processor_class)(image_processor, tokenizer, **kwargs)
+        processor.video_config = video_config_of(model_id, hub_kwargs.get("revision"))
+    except LOAD_ERRORS:
+        tokenizer, image_processor, template = processor_parts(model_id, hub_kwargs)
+        image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+        processor = ExpandingProcessor(tokenizer, image_processor, template, image_token, expand_qwen,
+                                       token_types=True)
     return _checked(processor, config, model_id)
 
 
@@ -257,7 +284,7 @@ def _expand_idefics3(processor: ExpandingProcessor, texts: list[str], images):
 
 @register("idefics3", "smolvlm", auto_first=True)
 def build_idefics3(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
-    tokenizer, image_processor, template = _parts(model_id, hub_kwargs)
+    tokenizer, image_processor, template = processor_parts(model_id, hub_kwargs)
     image_token = getattr(tokenizer, "image_token", None) or "<image>"
     processor = ExpandingProcessor(tokenizer, image_processor, template, image_token, _expand_idefics3)
     vision = config.vision_config
@@ -285,7 +312,8 @@ def build_idefics3(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
 
 def _saved_parts(name: str, revision: str | None, trust_remote_code):
     """(image processor, tokenizer, the processor's saved keyword arguments) of a folder or Hub repo."""
-    tokenizer, image_processor, template = _parts(name, {"revision": revision, "trust_remote_code": trust_remote_code})
+    tokenizer, image_processor, template = processor_parts(name, {"revision": revision,
+                                                                  "trust_remote_code": trust_remote_code})
     kwargs = read_json(name, "processor_config.json", revision)
     for key in ("processor_class", "auto_map", "image_processor", "tokenizer", "video_processor", "chat_template"):
         kwargs.pop(key, None)  # not arguments (transformers 5 saves the sub-processors' configs inline)
@@ -296,12 +324,23 @@ def _saved_parts(name: str, revision: str | None, trust_remote_code):
 def without_video(processor_class):
     """``processor_class`` with an image processor and a tokenizer only. ``ProcessorMixin`` takes its parts, and the
     settings ``save_pretrained`` writes, from the ``__init__`` signature: the subclass's is the stock one without the
-    video processor, so that a saved processor keeps its settings (``num_image_tokens``, ``patch_size``, ...)."""
+    video processor, so that a saved processor keeps its settings (``num_image_tokens``, ``patch_size``, ...).
+    ``video_config``: the source folder's video processor settings (``video_config_of``), written back into the saved
+    ``processor_config.json``, so that the folder a training run saves loads with the stock processor, video part
+    included, where torchvision is installed."""
     import inspect
 
     class ImagesOnly(processor_class):
+        video_config: dict | None = None
+
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
             super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+        def save_pretrained(self, save_directory, *args, **kwargs):
+            out = super().save_pretrained(save_directory, *args, **kwargs)
+            if self.video_config:
+                _add_to_processor_config(save_directory, "video_processor", self.video_config)
+            return out
 
     stock = inspect.signature(processor_class.__init__)
     ImagesOnly.__init__.__signature__ = stock.replace(
@@ -310,10 +349,39 @@ def without_video(processor_class):
     return ImagesOnly
 
 
+def _add_to_processor_config(folder: str, key: str, value) -> None:
+    """Set ``key`` in ``folder/processor_config.json`` where it is absent (written to a temporary file, then moved
+    into place)."""
+    import os
+
+    path = os.path.join(folder, "processor_config.json")
+    data = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    if key in data:
+        return
+    data[key] = value
+    staging = f"{path}.tmp"
+    with open(staging, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(staging, path)
+
+
+def video_config_of(name: str, revision: str | None = None) -> dict | None:
+    """A folder's or Hub repo's video processor settings: inline in ``processor_config.json`` (transformers 5), or
+    ``video_preprocessor_config.json`` (as the Hub's Qwen-VL and SmolVLM repos hold them); None without either."""
+    inline = read_json(name, "processor_config.json", revision).get("video_processor")
+    return inline or read_json(name, "video_preprocessor_config.json", revision) or None
+
+
 def _images_only(processor_class):
     def load(name: str, config=None, revision: str | None = None, trust_remote_code=None):
         image_processor, tokenizer, kwargs = _saved_parts(name, revision, trust_remote_code)
-        return without_video(processor_class())(image_processor, tokenizer, **kwargs)
+        processor = without_video(processor_class())(image_processor, tokenizer, **kwargs)
+        processor.video_config = video_config_of(name, revision)
+        return processor
 
     return load
 
