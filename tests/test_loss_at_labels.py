@@ -186,7 +186,7 @@ def test_trls_fused_head_compacted_on_the_cpu_trains_as_before(family, padding_f
     from llava_normaligned.families.anatomy import anatomy_of
     from llava_normaligned.trainer.collator import LlavaTrainingCollator
     from llava_normaligned.trainer.data import load_llava_json
-    from llava_normaligned.trainer.padding_free import check_padding_free
+    from llava_normaligned.trainer.padding_free import check_padding_free, multimodal_positions
     from llava_normaligned.trainer.preprocess import prepare_dataset
 
     model, processor = load_model(family_dirs[family], for_training=True)
@@ -200,6 +200,8 @@ def test_trls_fused_head_compacted_on_the_cpu_trains_as_before(family, padding_f
                                      padding_free=padding_free)
     batch = collator([rows[0], rows[1], rows[len(rows) - 1]])  # the last row is text-only
     batch = {k: v for k, v in batch.items() if not k.startswith("_")}
+    if padding_free:
+        batch = multimodal_positions(model, batch)  # what train adds for multimodal RoPE (a no-op for 1-D RoPE)
     for param in model.parameters():
         param.requires_grad_(True)
     model.train()

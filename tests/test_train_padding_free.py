@@ -131,7 +131,9 @@ def test_gradient_accumulation_normalises_over_the_same_tokens(tiny_model_dir, t
     _close_gradients(updates[True], updates[False], 1e-5)
 
 
-def test_multimodal_rope_is_refused():
+def test_multimodal_rope_is_taken_where_the_model_computes_its_positions():
+    """Qwen2-VL's 3-D positions come from its own ``get_rope_index`` row by row (tests/test_padding_free_mrope.py);
+    a model without one is refused there."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -140,8 +142,10 @@ def test_multimodal_rope_is_refused():
     config = Qwen2VLConfig(text_config=text, vision_config={"depth": 1, "embed_dim": 16, "hidden_size": 32,
                                                             "num_heads": 2, "patch_size": 8})
     model = Qwen2VLForConditionalGeneration(config)
-    with pytest.raises(ValueError, match=r"--padding_free: qwen2_vl places image tokens with multimodal RoPE"):
-        check_padding_free(model)
+    check_padding_free(model)  # no error
+    from llava_normaligned.trainer.padding_free import uses_multimodal_rope
+
+    assert uses_multimodal_rope(model)
 
 
 def test_an_attention_implementation_that_ignores_packed_positions_is_refused(tiny_model_dir):

@@ -27,9 +27,18 @@ The losses and gradients are the padded batch's: the loss is summed over the sam
 same count (the Trainer's ``num_items_in_batch``, which counts ``labels[..., 1:]`` across the accumulated batches
 exactly as for padded batches).
 
-Refused with one line: a multimodal-RoPE family (Qwen2/2.5/3-VL: its 3-D positions are not a per-row ``arange``) and
-an attention implementation that ignores packed positions (``REFUSED_IMPLEMENTATIONS``: the paged ones, which read a
-cache's layout instead).
+Multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): an image's tokens take 3-D positions (temporal, height, width)
+from its grid, and the text after it continues from the image's largest position, so a row's positions are not an
+``arange``. ``multimodal_positions`` gives each packed row the positions it has alone, computed by the model's own
+``get_rope_index`` on the rows laid out padded again (each row's valid tokens, its own image grids in order), under the
+restarting text positions transformers reads packed rows from: ``position_ids`` (4, 1, N), row 0 the text positions,
+rows 1-3 M-RoPE's (the layout transformers' Qwen-VL models take for packed rows). ``train`` applies it before each
+forward (``LlavaStageTrainer``); the attention is as above (the text positions mark the rows). Qwen3-VL's deepstack
+features are added at the image tokens wherever they are, packed or not.
+
+Refused with one line: a family whose packed rows cannot be exact (``Family.packing_refusal``: Gemma3, whose image
+tokens attend to each other both ways), a multimodal-RoPE family without ``get_rope_index`` and an attention
+implementation that ignores packed positions (the paged ones, which read a cache's layout instead).
 """
 
 from __future__ import annotations
@@ -76,19 +85,43 @@ def pack_rows(batch: dict, ignore_index: int) -> dict:
 # ------------------------------------------------------------------------------------ which models can take it
 
 
-def check_padding_free(model) -> None:
-    """Raise ``ValueError`` (one line) where packed rows would be wrong: multimodal RoPE, or an attention
-    implementation that ignores packed positions."""
+def uses_multimodal_rope(model) -> bool:
+    """Whether the LLM places image tokens with multimodal RoPE (3-D positions)."""
     from llava_normaligned.families.anatomy import family_of, unwrap
 
     config = unwrap(model).config
     family = family_of(config)
     text = config.get_text_config()
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-    if (family is not None and family.positions != "1d") or (isinstance(rope, dict) and "mrope_section" in rope):
+    return (family is not None and family.positions != "1d") or (isinstance(rope, dict) and "mrope_section" in rope)
+
+
+def _rope_index_owner(model):
+    """The module holding the model's ``get_rope_index`` (the Qwen-VL ``...Model`` under the generation head)."""
+    from llava_normaligned.families.anatomy import unwrap
+
+    core = unwrap(model)
+    for candidate in (getattr(core, "model", None), core):
+        if candidate is not None and callable(getattr(candidate, "get_rope_index", None)):
+            return candidate
+    return None
+
+
+def check_padding_free(model) -> None:
+    """Raise ``ValueError`` (one line) where packed rows would be wrong: multimodal RoPE without the model's own
+    position function, or an attention implementation that ignores packed positions."""
+    from llava_normaligned.families.anatomy import family_of, unwrap
+
+    config = unwrap(model).config
+    family = family_of(config)
+    text = config.get_text_config()
+    refusal = getattr(family, "packing_refusal", None)
+    if refusal:
+        raise ValueError(f"--padding_free: {family.name}: {refusal}; train it with padded batches")
+    if uses_multimodal_rope(model) and _rope_index_owner(model) is None:
         name = family.name if family is not None else config.model_type
-        raise ValueError(f"--padding_free: {name} places image tokens with multimodal RoPE (3-D positions), which a "
-                         "packed row's restarting positions cannot express; train it with padded batches")
+        raise ValueError(f"--padding_free: {name} places image tokens with multimodal RoPE (3-D positions) and has no "
+                         "get_rope_index to compute each packed row's; train it with padded batches")
     implementation = attn_implementation(text)
     if not (implementation in PACKED_AWARE or "flash" in str(implementation)):
         raise ValueError(f"--padding_free: the LLM's attention implementation {implementation!r} ignores packed "
@@ -106,6 +139,42 @@ def _plain_causal(text_config) -> bool:
         text_config, "attn_logit_softcapping", None)
 
 
+def row_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each row of a packed (1, N) ``position_ids``: a row starts where positions do not step by 1."""
+    ids = position_ids[0]
+    starts = torch.nonzero(ids[1:] != ids[:-1] + 1).flatten() + 1
+    edges = [0, *starts.tolist(), ids.numel()]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def multimodal_positions(model, batch: dict) -> dict:
+    """A packed batch of a multimodal-RoPE model with each row's positions as it has them alone (module docstring):
+    ``position_ids`` (1, N) -> (4, 1, N). Batches that are not packed (no ``position_ids``, or already 3-D) are
+    returned as they are."""
+    position_ids = batch.get("position_ids")
+    if position_ids is None or position_ids.ndim != 2 or "mm_token_type_ids" not in batch:
+        return batch
+    owner = _rope_index_owner(model)
+    if owner is None:
+        raise ValueError("multimodal_positions: the model has no get_rope_index")
+    ids, types = batch["input_ids"], batch["mm_token_type_ids"]
+    bounds = row_bounds(position_ids)
+    width = max(end - start for start, end in bounds)
+    padded_ids = ids.new_zeros(len(bounds), width)
+    padded_types = types.new_zeros(len(bounds), width)
+    mask = torch.zeros(len(bounds), width, dtype=torch.bool, device=ids.device)
+    for row, (start, end) in enumerate(bounds):
+        padded_ids[row, :end - start] = ids[0, start:end]
+        padded_types[row, :end - start] = types[0, start:end]
+        mask[row, :end - start] = True
+    three, _ = owner.get_rope_index(padded_ids, mm_token_type_ids=padded_types,
+                                    image_grid_thw=batch.get("image_grid_thw"),
+                                    video_grid_thw=batch.get("video_grid_thw"), attention_mask=mask.long())
+    out = dict(batch)
+    out["position_ids"] = torch.cat([position_ids.unsqueeze(0), three[:, mask].unsqueeze(1)], dim=0)  # (4, 1, N)
+    return out
+
+
 # ------------------------------------------------------------------------------------ row-by-row sdpa
 
 
@@ -121,10 +190,7 @@ class _Rows:
         if position_ids is None or position_ids.ndim != 2 or position_ids.shape[0] != 1:
             return None
         if position_ids is not self.position_ids:
-            ids = position_ids[0]
-            starts = torch.nonzero(ids[1:] != ids[:-1] + 1).flatten() + 1  # a row starts where positions do not step
-            edges = [0, *starts.tolist(), ids.numel()]
-            self.position_ids, self.bounds = position_ids, list(zip(edges[:-1], edges[1:]))
+            self.position_ids, self.bounds = position_ids, row_bounds(position_ids)
         return self.bounds if len(self.bounds) > 1 else None
 
 
@@ -191,5 +257,5 @@ def packed_attention(model, enabled: bool = True):
         core.set_attn_implementation({"text_config": "sdpa"})
 
 
-__all__ = ["PACKED_SDPA", "check_padding_free", "pack_rows", "packed_attention", "packed_sdpa_attention_forward",
-           "register_packed_sdpa"]
+__all__ = ["PACKED_SDPA", "check_padding_free", "multimodal_positions", "pack_rows", "packed_attention",
+           "packed_sdpa_attention_forward", "register_packed_sdpa", "row_bounds", "uses_multimodal_rope"]

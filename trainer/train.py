@@ -64,7 +64,7 @@ from .engines import (
     remove_wrapper_sources,
     take_fsdp_on_cpu,
 )
-from .padding_free import check_padding_free, packed_attention
+from .padding_free import check_padding_free, multimodal_positions, packed_attention, uses_multimodal_rope
 from .preprocess import prepare_dataset
 from .sampling import grouped_order_for
 from .stages import StageLearningRates, freeze_for_stage, parameter_groups
@@ -171,6 +171,8 @@ class LlavaStageTrainer(TrainerHooks, SFTTrainer):
         skipped = inputs.pop(SKIPPED_KEY, None)
         if skipped is not None and model.training:  # evaluation batches are not training rows
             self.skipped_rows += int(skipped)
+        if getattr(self.data_collator, "padding_free", False) and uses_multimodal_rope(model):
+            inputs = multimodal_positions(model, inputs)  # each packed row's 3-D positions, as it has them alone
         # the LM head at the labelled positions only, on the CPU as on GPUs (TRL's fused head; compat)
         with fused_head_compacted_on_cpu():
             return super().compute_loss(model, inputs, return_outputs=return_outputs,

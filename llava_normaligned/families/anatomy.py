@@ -99,6 +99,9 @@ class Family:
     placeholder_token_keys: tuple[str, ...] = ()
     # "1d": one position per token; "mrope": Qwen's 3-D M-RoPE positions, from the base model's get_rope_index
     positions: str = "1d"
+    # why a packed row (``train --padding_free True``) cannot give the padded batch's result, where it cannot; None:
+    # it can (trainer/padding_free.py; tests/test_padding_free_mrope.py and tests/test_padding_free_families.py)
+    packing_refusal: str | None = None
     deepstack: Deepstack | None = None
     # where the image tokens enter the LLM, in words (docs/diagnostics.md's families table)
     image_tokens: str = "the image token is expanded to one position per projected vision token"
@@ -288,6 +291,8 @@ LLAVA_LIKE: tuple[Family, ...] = (
             placeholder_token_keys=("boi_token_index", "eoi_token_index"),
             image_tokens="<start_of_image> <image_soft_token> x mm_tokens_per_image <end_of_image>; token_type_ids "
             "1 on the soft tokens",
+            packing_refusal="each image's tokens attend to each other both ways (token_type_ids), a mask "
+            "transformers does not build for packed rows (measured: gradients 13% apart)",
             notes="Gemma3ForConditionalGeneration: avg-pooled SigLIP, RMSNorm, then a projection matrix; the text "
             "embeddings are scaled by sqrt(D) inside embed_tokens, the image features are not"),
     replace(LLAVA, name="paligemma", model_types=("paligemma",), generated_token_type=1,
