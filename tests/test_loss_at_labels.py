@@ -225,13 +225,13 @@ def test_the_compaction_is_undone_after_the_context():
     assert utils._use_triton(cpu) == before is False  # a stock SFTTrainer in the same process is left as it was
 
 
-NEEDS_TORCHVISION_TO_TRAIN = ("smolvlm", "mistral3")
+NEEDS_TORCHVISION_TO_TRAIN = ("mistral3",)
 
 
 @pytest.mark.parametrize("family", NEEDS_TORCHVISION_TO_TRAIN)
 def test_the_compaction_trains_as_before_for_the_families_whose_train_processor_needs_torchvision(
         family, tmp_path, monkeypatch):
-    """The families ``train`` takes where torchvision imports (SmolVLM, Mistral3): their aligned
+    """The family ``train`` takes where torchvision imports (Mistral3): its aligned
     model with TRL's fused head, compacted and not, on a padded batch of two rows of different lengths made by the
     family's processor built without torchvision (``load_model``'s): the same loss, metrics and gradients, and the
     compacted head scores the labelled positions only."""

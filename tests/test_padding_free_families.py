@@ -1,5 +1,5 @@
 """Padding-free batches for the 1-D-RoPE families ``train`` takes besides LLaVA (Idefics3, LLaVA-NeXT,
-LLaVA-OneVision, InternVL; their ``align`` folders): the packed batch gives the padded batch's loss and the gradient
+LLaVA-OneVision, InternVL, SmolVLM; their ``align`` folders): the packed batch gives the padded batch's loss and the gradient
 of every parameter group, for eager, sdpa and the row-by-row sdpa. Gemma3, whose image tokens attend to each other
 both ways, is refused in one line: measured here, packing it would train another model."""
 
@@ -19,7 +19,7 @@ from tests.support.packing import (
 from tests.support.training import write_llava_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-PACKED = ("idefics3", "llava_next", "llava_onevision", "internvl")
+PACKED = ("idefics3", "llava_next", "llava_onevision", "internvl", "smolvlm")
 
 
 @pytest.fixture(scope="module")

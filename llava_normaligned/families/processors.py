@@ -5,8 +5,9 @@ needs (it reports where each image tag was expanded) and what users load. Where 
 is built otherwise (``auto_first=True``: the builder is the fallback). Without torchvision the processors of
 Qwen2-VL, Qwen2.5-VL, Qwen3-VL and SmolVLM (SmolVLM2) cannot load (they hold a video processor that needs it;
 SmolVLM's also needs ``num2words``). Qwen's builder makes transformers' own processor class without its video part
-(``without_video``) on the folder's PIL image processor, which trains like the stock one. SmolVLM's builder (and
-Qwen's, where that class cannot be built) makes an ``ExpandingProcessor`` from the family's parts, the folder's
+(``without_video``) on the folder's PIL image processor, which trains like the stock one; SmolVLM's uses Idefics3's
+class (the same image prompt), saved back as SmolVLM's. Where those cannot be built, the builders make an
+``ExpandingProcessor`` from the family's parts, the folder's
 tokenizer, its image processor (the PIL one when the fast one needs torchvision; ``AutoImageProcessor`` picks it), its
 chat template, and the family's placeholder expansion. It is called like a transformers processor and returns what
 the model's forward takes: enough to diagnose and generate, not to train. LLaVA-OneVision's, InternVL's
@@ -282,7 +283,25 @@ def _expand_idefics3(processor: ExpandingProcessor, texts: list[str], images):
     return expanded, {k: v for k, v in out.items() if k in ("pixel_values", "pixel_attention_mask")}
 
 
-@register("idefics3", "smolvlm", auto_first=True)
+@register("smolvlm", auto_first=True)
+def build_smolvlm(model_id: str, config, **hub_kwargs):
+    """SmolVLM's images go through Idefics3's processor class (the same tile and global-image prompt; SmolVLM's own
+    adds video and needs torchvision and ``num2words``), on the folder's PIL image processor and tokenizer, saved back
+    as ``SmolVLMProcessor`` with the folder's video settings, so that the stock processor loads a trained folder where
+    those packages are. Where it cannot be built, the ``ExpandingProcessor`` (diagnose and generate only)."""
+    from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
+
+    try:
+        image_processor, tokenizer, kwargs = _saved_parts(model_id, hub_kwargs.get("revision"),
+                                                          hub_kwargs.get("trust_remote_code"))
+        processor = without_video(Idefics3Processor, name="SmolVLMProcessor")(image_processor, tokenizer, **kwargs)
+        processor.video_config = video_config_of(model_id, hub_kwargs.get("revision"))
+    except LOAD_ERRORS:
+        return build_idefics3(model_id, config, **hub_kwargs)
+    return _checked(processor, config, model_id)
+
+
+@register("idefics3", auto_first=True)
 def build_idefics3(model_id: str, config, **hub_kwargs) -> ExpandingProcessor:
     tokenizer, image_processor, template = processor_parts(model_id, hub_kwargs)
     image_token = getattr(tokenizer, "image_token", None) or "<image>"
@@ -321,7 +340,7 @@ def _saved_parts(name: str, revision: str | None, trust_remote_code):
     return image_processor, tokenizer, kwargs
 
 
-def without_video(processor_class):
+def without_video(processor_class, name: str | None = None):
     """``processor_class`` with an image processor and a tokenizer only. ``ProcessorMixin`` takes its parts, and the
     settings ``save_pretrained`` writes, from the ``__init__`` signature: the subclass's is the stock one without the
     video processor, so that a saved processor keeps its settings (``num_image_tokens``, ``patch_size``, ...).
@@ -345,7 +364,8 @@ def without_video(processor_class):
     stock = inspect.signature(processor_class.__init__)
     ImagesOnly.__init__.__signature__ = stock.replace(
         parameters=[p for name, p in stock.parameters.items() if name != "video_processor"])
-    ImagesOnly.__name__ = ImagesOnly.__qualname__ = processor_class.__name__
+    # the name ``save_pretrained`` records as ``processor_class`` (what AutoProcessor loads the folder with)
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = name or processor_class.__name__
     return ImagesOnly
 
 
