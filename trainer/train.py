@@ -171,8 +171,10 @@ class LlavaStageTrainer(TrainerHooks, SFTTrainer):
         skipped = inputs.pop(SKIPPED_KEY, None)
         if skipped is not None and model.training:  # evaluation batches are not training rows
             self.skipped_rows += int(skipped)
-        if getattr(self.data_collator, "padding_free", False) and uses_multimodal_rope(model):
-            inputs = multimodal_positions(model, inputs)  # each packed row's 3-D positions, as it has them alone
+        # each packed row's 3-D positions, as it has them alone; read from the model the Trainer holds (``model``
+        # may be an engine's wrapper: DeepSpeed's ``config`` is its own dict)
+        if getattr(self.data_collator, "padding_free", False) and uses_multimodal_rope(self.model):
+            inputs = multimodal_positions(self.model, inputs)
         # the LM head at the labelled positions only, on the CPU as on GPUs (TRL's fused head; compat)
         with fused_head_compacted_on_cpu():
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
