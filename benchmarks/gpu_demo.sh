@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo's comparison on one GPU (H100/H200), sized to finish within about 10 minutes: SmolLM2-135M-Instruct
+# The demo's comparison on one GPU (H100/H200), aimed at about 10 minutes (an estimate: not run yet): SmolLM2-135M-Instruct
 # offline, the paper's four rows and the stock row, more seeds, a longer run and a larger test split than the CPU run,
 # at LLaVA-1.5's norm gap (40x), with every reading the CPU run has (detectable differences, text-alone KL, per-layer
 # mechanism, held-out accuracy curves). Results: OUTPUT_DIR/results.{json,md}, copied to benchmarks/results/.

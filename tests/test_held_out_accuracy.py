@@ -105,3 +105,34 @@ def test_train_takes_the_held_out_flags_and_refuses_a_missing_file(tiny_model_di
                  "--output-dir", str(never), "--held_out_data_path", str(tmp_path / "nope.json"), *fast])
     err = capsys.readouterr().err
     assert code == 2 and "--held_out_data_path" in err and "nope.json" in err and not never.exists()
+
+
+def test_a_resumed_run_keeps_the_interrupted_run_s_readings(tiny_model_dir, data, tmp_path):
+    """Three steps with checkpoints, then the same run resumed from step 2's checkpoint to step 4: the file holds
+    every reading (0, 2, 3 read before; 4 after the resume), as one uninterrupted run's would."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from llava_normaligned.trainer.data import load_llava_json
+    from llava_normaligned.trainer.train import StageConfig, prepare_stage, run_stage
+
+    path, images = data
+    rows = load_held_out(path, images, limit=4, group_field="id")
+    out = tmp_path / "run"
+
+    def run(max_steps, resume=None):
+        model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+        processor = AutoProcessor.from_pretrained(tiny_model_dir)
+        args = cpu_config(out, max_steps=max_steps, logging_steps=1, save_strategy="steps", save_steps=1,
+                          resume_from_checkpoint=resume)
+        prepared = prepare_stage(model, processor, load_llava_json(path, images), args=args, stage=StageConfig(1))
+        HeldOutAccuracyCallback.install(prepared.trainer, rows, processor, every=2, max_new_tokens=3)
+        run_stage(prepared)
+        return json.loads((out / HELD_OUT_FILE).read_text())
+
+    first = run(3)
+    assert [r["step"] for r in first] == [0, 2, 3] and set(first[0]["groups"]) == {r.group for r in rows}
+    checkpoint = out / "checkpoint-3"
+    assert json.loads((checkpoint / HELD_OUT_FILE).read_text()) == first
+    resumed = run(4, str(checkpoint))
+    assert [r["step"] for r in resumed] == [0, 2, 3, 4]
+    assert resumed[:3] == [{**r, "epoch": resumed[i]["epoch"]} for i, r in enumerate(first)]

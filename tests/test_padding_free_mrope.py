@@ -96,3 +96,11 @@ def test_train_runs_padding_free_and_length_grouped(family, folders, data, tmp_p
         summary = json.load(handle)
     assert summary["training"]["padding_free"] is True
     assert summary["training"]["train_sampling_strategy"] == "group_by_modality_length"
+
+
+def test_a_packed_batch_without_token_types_is_refused_not_placed_wrong(folders, data):
+    model, processor = load_model(folders["qwen2_vl"], for_training=True)
+    _, packed = padded_and_packed(model, processor, data)
+    packed.pop("mm_token_type_ids")
+    with pytest.raises(ValueError, match="need the processor's mm_token_type_ids"):
+        multimodal_positions(model, packed)

@@ -133,9 +133,19 @@ class HeldOutAccuracyCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         put_callback_first(self)
-        if state.global_step == 0 and model is not None:
+        if state.global_step > 0:  # resumed: the interrupted run's readings are in the checkpoint's log history
+            self.records = self.from_log_history(state.log_history, len(self.rows))
+        elif model is not None:
             record = self._read(model, state)
             state.log_history.append({"step": 0, "epoch": 0.0, **self._logged(record)})
+
+    @staticmethod
+    def from_log_history(log_history: list[dict], rows: int) -> list[dict]:
+        """The records of the readings a Trainer's ``log_history`` holds (``held_out/...`` entries)."""
+        key = PREFIX + "accuracy"
+        return [{"step": entry["step"], "epoch": entry.get("epoch", 0.0), "accuracy": entry[key],
+                 "groups": {k[len(PREFIX):]: v for k, v in entry.items() if k.startswith(PREFIX) and k != key},
+                 "rows": rows} for entry in log_history if key in entry]
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if model is None:

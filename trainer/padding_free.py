@@ -149,11 +149,14 @@ def row_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 
 def multimodal_positions(model, batch: dict) -> dict:
     """A packed batch of a multimodal-RoPE model with each row's positions as it has them alone (module docstring):
-    ``position_ids`` (1, N) -> (4, 1, N). Batches that are not packed (no ``position_ids``, or already 3-D) are
-    returned as they are."""
+    ``position_ids`` (1, N) -> (4, 1, N). Batches that are not packed (no ``position_ids``, or already 3-D) and the
+    batches of a model with 1-D RoPE are returned as they are."""
     position_ids = batch.get("position_ids")
-    if position_ids is None or position_ids.ndim != 2 or "mm_token_type_ids" not in batch:
+    if position_ids is None or position_ids.ndim != 2 or not uses_multimodal_rope(model):
         return batch
+    if "mm_token_type_ids" not in batch:  # without it the model would give every packed row 1-D positions
+        raise ValueError("padding-free batches of a multimodal-RoPE model need the processor's mm_token_type_ids, and "
+                         "this batch has none; train it with padded batches or a processor that returns them")
     owner = _rope_index_owner(model)
     if owner is None:
         raise ValueError("multimodal_positions: the model has no get_rope_index")

@@ -64,7 +64,7 @@ from .engines import (
     remove_wrapper_sources,
     take_fsdp_on_cpu,
 )
-from .padding_free import check_padding_free, multimodal_positions, packed_attention, uses_multimodal_rope
+from .padding_free import check_padding_free, multimodal_positions, packed_attention
 from .preprocess import prepare_dataset
 from .sampling import grouped_order_for
 from .stages import StageLearningRates, freeze_for_stage, parameter_groups
@@ -173,7 +173,7 @@ class LlavaStageTrainer(TrainerHooks, SFTTrainer):
             self.skipped_rows += int(skipped)
         # each packed row's 3-D positions, as it has them alone; read from the model the Trainer holds (``model``
         # may be an engine's wrapper: DeepSpeed's ``config`` is its own dict)
-        if getattr(self.data_collator, "padding_free", False) and uses_multimodal_rope(self.model):
+        if getattr(self.data_collator, "padding_free", False):
             inputs = multimodal_positions(self.model, inputs)
         # the LM head at the labelled positions only, on the CPU as on GPUs (TRL's fused head; compat)
         with fused_head_compacted_on_cpu():

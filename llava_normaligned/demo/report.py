@@ -531,9 +531,10 @@ def curve_lines(rows: list[dict]) -> list[str]:
         return []
     steps = sorted({point["step"] for r in rows for point in r["curve"]})
     lines = ["## Held-out accuracy during training (does the norm change how fast the model learns?)", "",
-             "Greedy answers to test questions spread over the templates, exact match, every few steps of each stage "
-             "(`train --held_out_data_path` does the same for real runs); steps count both stages (the stock row "
-             "trains one stage of as many steps); mean ± 95% interval over seeds.", "",
+             "Greedy answers to test questions spread over the templates, exact match, at the start and end of stage 1 "
+             "(it trains on captions) and every few steps of stage 2 (`train --held_out_data_path` does the same for "
+             "real runs); steps count both stages (the stock row trains one stage of as many steps, read all along); "
+             "mean ± 95% interval over seeds.", "",
              "| Method | " + " | ".join(f"step {s}" for s in steps) + " |", "| --- |" + " --- |" * len(steps)]
     for row in rows:
         at = {point["step"]: point for point in row["curve"]}

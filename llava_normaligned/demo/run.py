@@ -143,7 +143,7 @@ class DemoConfig:
     attn_implementation: str | None = None
     # The image tokens' norm at the LLM input before training, without the norm layer, in units of the LLM's text
     # norm T (``parts.set_norm_gap``: the projector's output layer scaled to it on the probe images); None: as the
-    # projector's draw gives it (about 100x for the tiny LLM, 6x for SmolLM2-135M).
+    # projector's draw gives it (about 38x for the tiny LLM, 6x for SmolLM2-135M).
     norm_gap: float | None = None
     # Held-out accuracy during training (``trainer/held_out.py``, as ``train --held_out_data_path``): every
     # ``curve_every`` steps of each stage, on ``curve_questions`` test questions spread over the templates; None: no
@@ -437,9 +437,10 @@ def frozen_heap():
         gc.unfreeze()
 
 
-def curve_callback(config: DemoConfig, processor, test_rows, folder: str):
-    """The held-out accuracy callback of one stage (``config.curve_every``), or None: ``curve_questions`` test
-    questions taken at an even stride through the test split, so every template is in them."""
+def curve_callback(config: DemoConfig, processor, test_rows, folder: str, every: int | None = None):
+    """The held-out accuracy callback of one stage (every ``every`` steps, default ``config.curve_every``), or None:
+    ``curve_questions`` test questions taken at an even stride through the test split, so every template is in
+    them."""
     if not config.curve_every:
         return None
     from llava_normaligned.trainer.held_out import HeldOutAccuracyCallback, HeldOutRow
@@ -447,7 +448,7 @@ def curve_callback(config: DemoConfig, processor, test_rows, folder: str):
     count = min(config.curve_questions or len(test_rows), len(test_rows))
     stride = max(1, len(test_rows) // count)
     rows = [HeldOutRow(r.question, r.answer, r.image_path, r.template) for r in test_rows[::stride][:count]]
-    return HeldOutAccuracyCallback(rows, processor, config.curve_every, batch_size=config.eval_batch_size,
+    return HeldOutAccuracyCallback(rows, processor, every or config.curve_every, batch_size=config.eval_batch_size,
                                    max_new_tokens=6, output_dir=folder)
 
 
@@ -489,7 +490,8 @@ def run_stage1(variant: Variant, parts: Parts, datasets: dict, test_rows, paths:
     gains = {"init": gain_statistics(model)}
     layers_init = layer_profile(model, processor, test_rows, config.layer_probe_images)
     _header(*position, variant.name, f"seed {seed}, stage 1, {config.stage1_steps} steps")
-    curve = curve_callback(config, processor, test_rows, os.path.join(folder, "stage1"))
+    # stage 1 trains on captions, so the questions are read at its start and end only (in between they score 0)
+    curve = curve_callback(config, processor, test_rows, os.path.join(folder, "stage1"), every=config.stage1_steps)
     result = train_demo_stage(model, processor, datasets["pretrain"], 1, config.stage1_steps, config.stage1_lr,
                               variant, folder, config, seed, progress, position, callbacks=[curve] if curve else None)
     model = result.model
@@ -1247,7 +1249,7 @@ def make_parser() -> argparse.ArgumentParser:
                              "times the LLM's text-embedding norm (the paper's LLaVA: about 30-70; the projector's "
                              f"output layer is scaled to it); 0: as the projector's draw gives it. Default: with "
                              f"--text-model {REAL_LLM_NORM_GAP:g} (LLaVA-1.5's), else as drawn (the tiny LLM's "
-                             "is already about 100)")
+                             "is already about 38)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the runs train and score (default cpu; cuda: one GPU, shared by the --workers "
                              "processes, bf16 autocast with --text-model)")
