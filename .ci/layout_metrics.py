@@ -1,5 +1,7 @@
-"""The layout's numbers, for a tree (default: this checkout): lines per layer, functions over 60 and 80 lines, and
-reaches into other libraries' private names outside compat.py (tests/support/private_reaches.py).
+"""The layout's numbers, for a tree (default: this checkout): lines per layer, functions over 60 and 80 lines,
+reaches into other libraries' private names outside compat.py (tests/support/private_reaches.py), the modules that
+hold a command's entry point (a ``main`` beside a parser), and the places below the commands that print, exit or
+parse a command line (tests/support/library_output.py).
 
     python .ci/layout_metrics.py [ROOT] [--json]
 """
@@ -14,14 +16,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 
+from tests.support.library_output import library_output_sites  # noqa: E402
 from tests.support.private_reaches import private_reaches, source_files  # noqa: E402
 
 LAYERS = [  # (layer, path prefixes relative to the root), first match wins
     ("cli", ("llava_normaligned/cli.py",)),
+    ("commands", ("llava_normaligned/commands/",)),
     ("demo", ("llava_normaligned/demo/",)),
     ("chat", ("llava_normaligned/chat/",)),
     ("applications", ("trainer/", "hub_cards/", "llava_normaligned/diagnostics/", "llava_normaligned/evaluation/",
-                      "llava_normaligned/serving/", "llava_normaligned/assembly/")),
+                      "llava_normaligned/serving/")),
     ("flags", ("llava_normaligned/flags.py",)),
     ("families", ("llava_normaligned/families/",)),
     ("compat", ("llava_normaligned/compat.py",)),
@@ -46,6 +50,17 @@ def long_functions(root: Path, files: list[Path]) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
+def command_entry_modules(root: Path, files: list[Path]) -> list[str]:
+    """The modules that define a command's entry point: a ``main`` beside a parser function."""
+    entries = []
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        if any(name.endswith("main") for name in names) and any("parser" in name for name in names):
+            entries.append(path.relative_to(root).as_posix())
+    return sorted(entries)
+
+
 def metrics(root: Path) -> dict:
     files = source_files(root)
     lines: dict[str, int] = {}
@@ -54,7 +69,9 @@ def metrics(root: Path) -> dict:
         lines[layer] = lines.get(layer, 0) + len(path.read_text(encoding="utf-8").splitlines())
     long = long_functions(root, files)
     return {"lines_per_layer": lines, "functions_over_60": [f"{n} {name}" for n, name in long],
-            "functions_over_80": sum(n > 80 for n, _ in long), "private_reaches_outside_compat": private_reaches(root)}
+            "functions_over_80": sum(n > 80 for n, _ in long), "private_reaches_outside_compat": private_reaches(root),
+            "command_entry_modules": command_entry_modules(root, files),
+            "library_print_exit_parse_sites": library_output_sites(root)}
 
 
 if __name__ == "__main__":
@@ -66,6 +83,12 @@ if __name__ == "__main__":
         print("lines per layer:", ", ".join(f"{k} {v}" for k, v in result["lines_per_layer"].items()))
         print(f"functions over 60 lines: {len(result['functions_over_60'])} (over 80: {result['functions_over_80']})")
         for line in result["functions_over_60"]:
+            print("   ", line)
+        print(f"modules with a command's entry point: {len(result['command_entry_modules'])}")
+        for line in result["command_entry_modules"]:
+            print("   ", line)
+        print(f"library sites that print, exit or parse: {len(result['library_print_exit_parse_sites'])}")
+        for line in result["library_print_exit_parse_sites"]:
             print("   ", line)
         print(f"private reaches outside compat: {len(result['private_reaches_outside_compat'])}")
         for line in result["private_reaches_outside_compat"]:

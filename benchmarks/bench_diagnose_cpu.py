@@ -1,6 +1,6 @@
 """CPU FLOP rate of one image-prompt forward pass of tiny models of the blog's two families (SmolVLM, Qwen3-VL),
 written to ``llava_normaligned/assets/diagnose_cpu_rate.json`` for the time table of
-``python -m llava_normaligned.diagnostics.memory`` (README, docs/diagnostics.md).
+``python .ci/doc_tables.py`` (README, docs/diagnostics.md).
 
 The tiny models keep the real models' classes, image sizes and token counts (SmolVLM2: 17 tiles of 384 px, 1377
 image tokens; Qwen3-VL: a 768 px image, 576 image tokens) and shrink the widths and depths. Each pass's FLOPs are

@@ -6,11 +6,11 @@ Data (``scale_data.py``, generated in code into a temporary folder): LLaVA-558K-
 brief prompt and a caption) and llava_v1_5_mix665k-shaped rows (665,298: the mixture's sources, multi-turn). Readers,
 each in a fresh process that only counts the rows it is handed:
 
-* ``package``: ``trainer.data._iter_json_rows``, the reader ``load_llava_json`` uses;
+* ``package``: ``trainer.data.iter_json_rows``, the reader ``load_llava_json`` uses;
 * ``ijson``: ``ijson.items(handle, "item", use_float=True)`` on its C backend (yajl2_c), the maintained streaming
   parser, as a reader would call it;
 * ``json.loads``: the whole file at once, the reference (its peak is the file's bytes and every row's objects);
-* ``baseline`` (with ``--baseline FILE``): ``_iter_json_rows`` of a Python file, run with ``json``, ``os``, ``re``
+* ``baseline`` (with ``--baseline FILE``): ``iter_json_rows`` of a Python file, run with ``json``, ``os``, ``re``
   and ``DataError`` defined. The in-house parser that ijson replaced (json's C scanner on 16 MiB pieces) is
   measured this way::
 
@@ -49,9 +49,9 @@ if reader == "baseline":
     import os, re
     space = {"json": json, "os": os, "re": re, "DataError": ValueError, "__name__": "baseline"}
     exec(compile(open(sys.argv[3]).read(), sys.argv[3], "exec"), space)
-    read = space["_iter_json_rows"]
+    read = space.get("iter_json_rows") or space["_iter_json_rows"]  # the reader's earlier, private name too
 elif reader == "package":
-    from llava_normaligned.trainer.data import _iter_json_rows as read
+    from llava_normaligned.trainer.data.llava_json import iter_json_rows as read
 elif reader == "ijson":
     import ijson
     assert ijson.backend == "yajl2_c", ijson.backend
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--note", help="what this run measured (kept in the JSON)")
-    parser.add_argument("--baseline", help="a Python file defining _iter_json_rows(path), measured as 'baseline'")
+    parser.add_argument("--baseline", help="a Python file defining iter_json_rows(path), measured as 'baseline'")
     args = parser.parse_args(argv)
     import ijson
     from machine import describe

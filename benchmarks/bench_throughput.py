@@ -3,6 +3,12 @@ on stock LLaVA against this package padded, length-grouped, padding-free, and bo
 
     python benchmarks/bench_throughput.py --json benchmarks/results/bench_throughput_cpu.json
     python benchmarks/bench_throughput.py --shape tiny --steps 1 --repeats 1      # the same code in a minute
+    python benchmarks/bench_throughput.py --family qwen2_5_vl --json ...         # another family's rows
+
+``--family`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM): that family's stock model at the shape
+(``family_shapes.build_family``: about 729 image tokens an image, SmolVLM 612 in 17 tiles), trained by stock TRL and
+by ``train``'s path alike from the same weights, its processor built as ``train`` builds it (without torchvision);
+the rows are the same mix665k-shaped ones, laid out by the family's processor and chat template.
 
 The rows (``scale_data.mix_rows``) follow llava_v1_5_mix665k's sources in its proportions: LLaVA-Instruct
 conversations (1-6 turns) and long descriptions, multi-round short-answer VQA (1-10 questions on one image),
@@ -49,6 +55,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_train  # noqa: E402  (the step timer)
+import family_shapes  # noqa: E402
 import machine  # noqa: E402
 import scale_data  # noqa: E402
 
@@ -67,11 +74,16 @@ RUNS = {
 MAX_LENGTH = 2048  # LLaVA-1.5's model_max_length (the recipes')
 
 
-def build(shape: str, workdir: str, dtype) -> tuple[str, str]:
-    """(norm-aligned folder, stock LLaVA folder) with the same weights, composed from parts built here."""
+def build(shape: str, workdir: str, dtype, family: str = "llava") -> tuple[str, str]:
+    """(norm-aligned folder, stock LLaVA folder) with the same weights, composed from parts built here; for another
+    family its stock model at the shape (``family_shapes``), which both runs train."""
     from llava_normaligned.compose import compose, save, stock_llava_like
     from llava_normaligned.tiny import TinyTextSpec, TinyVisionSpec, tiny_text_model, tiny_vision_model
 
+    if family != "llava":
+        folder = family_shapes.build_family(family, SHAPES[shape]["text"], SHAPES[shape]["vision"],
+                                            scale_data.bench_words(), os.path.join(workdir, family))
+        return folder, folder
     width, layers, heads, kv_heads, mlp = SHAPES[shape]["text"]
     v_width, v_layers, v_heads, v_mlp = SHAPES[shape]["vision"]
     tokenizer = scale_data.word_tokenizer()
@@ -107,7 +119,9 @@ def rows(workdir: str, n_rows: int, seed: int):
 
 class TokenCounter:
     """The trainer's collator, recording for each micro-batch it makes (in the order the trainer consumes them) its
-    rows' lengths and whether each has an image, the positions computed and the positions scored (labels)."""
+    rows' lengths as the batch holds them (the attention mask's, or where a packed row's positions restart: not the
+    prepared rows' ``num_tokens``, an estimate), whether each has an image, the positions computed and the positions
+    scored (labels)."""
 
     def __init__(self, collator):
         self.collator, self.batches = collator, []
@@ -116,10 +130,12 @@ class TokenCounter:
         return getattr(self.collator, name)
 
     def __call__(self, features):
+        from llava_normaligned.trainer.padding_free import row_bounds
+
         batch = self.collator(features)
-        if "num_tokens" in features[0]:  # this package's prepared rows
-            lengths = [int(f["num_tokens"]) for f in features]
-        else:  # TRL's rows, tokenized in its collator (padded, right or left)
+        if batch.get("attention_mask") is None:  # a packed batch: its rows are where the positions restart
+            lengths = [end - start for start, end in row_bounds(batch["position_ids"])]
+        else:  # padded (this package's collator or TRL's, right or left): the tokens the mask keeps
             lengths = batch["attention_mask"].sum(dim=1).tolist()
         images = [bool(f.get("num_images", len(f.get("images") or []))) for f in features]
         self.batches.append({"lengths": lengths, "images": images, "positions": int(batch["input_ids"].numel()),
@@ -138,15 +154,24 @@ def sft_args(output_dir: str, opts, **extra):
         max_length=MAX_LENGTH, **extra)
 
 
+def load(folder: str):
+    """The model and processor of ``folder`` as ``train`` loads them (the family's processor built without
+    torchvision where transformers' needs it), in float32."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from llava_normaligned.families.processors import load_processor
+
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32, trust_remote_code=True)
+    return model, load_processor(folder, config, trust_remote_code=True)
+
+
 def run_ours(name: str, folder: str, dataset, opts, workdir: str) -> dict:
     from llava_normaligned.trainer.train import StageConfig, prepare_stage, run_stage
-    from transformers import AutoProcessor
 
-    from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
-
-    model = LlavaNormAlignedForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    model, processor = load(folder)
     timer = bench_train.StepTimer("cpu")
-    prepared = prepare_stage(model, AutoProcessor.from_pretrained(folder), dataset,
+    prepared = prepare_stage(model, processor, dataset,
                              args=sft_args(os.path.join(workdir, name), opts, **RUNS[name]),
                              stage=StageConfig(2, save_final=False), callbacks=[timer.callback])
     prepared.trainer.data_collator = counter = TokenCounter(prepared.trainer.data_collator)
@@ -156,14 +181,13 @@ def run_ours(name: str, folder: str, dataset, opts, workdir: str) -> dict:
 
 def run_stock(folder: str, dataset, opts, workdir: str) -> dict:
     from llava_normaligned.trainer.stages import freeze_for_stage
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
     from trl import SFTTrainer
 
-    model = LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    model, processor = load(folder)
     freeze_for_stage(model, 2)
     timer = bench_train.StepTimer("cpu")
     trainer = SFTTrainer(model=model, args=sft_args(os.path.join(workdir, "stock"), opts, assistant_only_loss=True),
-                         train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(folder),
+                         train_dataset=dataset, processing_class=processor,
                          callbacks=[timer.callback])
     trainer.data_collator = counter = TokenCounter(trainer.data_collator)
     trainer.train()
@@ -196,6 +220,9 @@ def model_flops(shape, run: dict) -> float:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="small", choices=sorted(SHAPES))
+    parser.add_argument("--family", default="llava", choices=["llava", *family_shapes.FAMILIES],
+                        help="llava: this package's model against stock LLaVA with the same weights; another family: "
+                             "its stock model at the shape (family_shapes), trained by both")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="bfloat16: mixed precision (autocast), peak measured in bf16")
     parser.add_argument("--rows", type=int, default=3000, help="mix665k-shaped rows generated (before max_length)")
@@ -236,12 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"matmul peak ({opts.dtype}, 2048^3): {peak:.1f} GFLOP/s", flush=True)
     with tempfile.TemporaryDirectory() as workdir:
         os.environ["HF_DATASETS_CACHE"] = os.path.join(workdir, "datasets_cache")
-        ours, stock = build(opts.shape, workdir, dtype)
+        ours, stock = build(opts.shape, workdir, dtype, opts.family)
         dataset = rows(workdir, opts.rows, opts.seed)
         from llava_normaligned.trainer.preprocess import prepare_dataset
-        from transformers import AutoProcessor
 
-        prepared, report = prepare_dataset(dataset, AutoProcessor.from_pretrained(ours), max_length=MAX_LENGTH)
+        prepared, report = prepare_dataset(dataset, load(ours)[1], max_length=MAX_LENGTH)
         kept = set(prepared["id"])
         dataset = dataset.filter(lambda row: row["id"] in kept)  # the stock run gets the rows `train` keeps
         lengths = prepared["num_tokens"][:]
@@ -256,14 +282,23 @@ def main(argv: list[str] | None = None) -> int:
         runs = {name: [] for name in names}
         for repeat in range(opts.repeats):
             for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-                with contextlib.redirect_stdout(io.StringIO()):
-                    result = (run_stock(stock, dataset, opts, workdir) if name == "stock"
-                              else run_ours(name, ours, dataset, opts, workdir))
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        result = (run_stock(stock, dataset, opts, workdir) if name == "stock"
+                                  else run_ours(name, ours, dataset, opts, workdir))
+                except Exception as error:  # noqa: BLE001  (stock TRL on another family: recorded, the rest runs)
+                    if name != "stock" or opts.family == "llava":
+                        raise
+                    failed = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+                    results.setdefault("failed", {})[name] = failed
+                    print(f"  {name:22} failed: {failed}", flush=True)
+                    continue
                 runs[name].append(result)
                 print(f"  {name:22} {result['real_tokens'] / result['seconds']:9.0f} real tokens/s, padding "
                       f"{1 - result['real_tokens'] / result['positions']:.1%} ({result['seconds']:.1f} s)", flush=True)
                 gc.collect()
-        results["runs"] = summarize(runs, ours, peak)
+        results["runs"] = summarize({name: done for name, done in runs.items() if done}, ours, peak,
+                                    with_flops=opts.family == "llava")
     results["wall_seconds"] = time.perf_counter() - started
     results["load_average_end"] = list(os.getloadavg())
     report_lines(results)
@@ -274,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def summarize(runs: dict, folder: str, peak: float) -> dict:
-    """Per configuration, over all its timed steps: real tokens/s, padding fraction, model GFLOP/s and MFU; the
+def summarize(runs: dict, folder: str, peak: float, with_flops: bool = True) -> dict:
+    """Per configuration, over all its timed steps: real tokens/s, padding fraction, model GFLOP/s and MFU (LLaVA
+    only: ``pass_flops`` counts one fixed-size image per row, where the families' processors tile or grid); the
     ratios to stock and to grouped alone."""
     from transformers import AutoConfig
 
@@ -287,14 +323,18 @@ def summarize(runs: dict, folder: str, peak: float) -> dict:
         seconds = sum(r["seconds"] for r in results)
         real = sum(r["real_tokens"] for r in results)
         positions = sum(r["positions"] for r in results)
-        flops = sum(model_flops(shape, r) for r in results)
+        flops = sum(model_flops(shape, r) for r in results) if with_flops else None
         out[name] = {"real_tokens_per_s": real / seconds, "padding_fraction": 1 - real / positions,
                      "seconds": seconds, "real_tokens": real, "positions": positions,
-                     "model_gflops_per_s": flops / seconds / 1e9, "mfu": flops / seconds / 1e9 / peak,
+                     "model_gflops_per_s": flops / seconds / 1e9 if flops else None,
+                     "mfu": flops / seconds / 1e9 / peak if flops else None,
                      "per_run_real_tokens_per_s": [r["real_tokens"] / r["seconds"] for r in results],
                      "per_run_padding_fraction": [1 - r["real_tokens"] / r["positions"] for r in results]}
     for name, entry in out.items():
-        entry["vs_stock"] = entry["real_tokens_per_s"] / out["stock"]["real_tokens_per_s"]
+        if "stock" in out:  # stock TRL may fail on another family's rows (the record's "failed" says why)
+            entry["vs_stock"] = entry["real_tokens_per_s"] / out["stock"]["real_tokens_per_s"]
+        if "padded" in out:
+            entry["vs_padded"] = entry["real_tokens_per_s"] / out["padded"]["real_tokens_per_s"]
         if "padding_free" in name and "grouped" in out:
             entry["vs_grouped"] = entry["real_tokens_per_s"] / out["grouped"]["real_tokens_per_s"]
     return out
@@ -302,10 +342,17 @@ def summarize(runs: dict, folder: str, peak: float) -> dict:
 
 def report_lines(results: dict) -> None:
     runs = results["runs"]
-    print(f"\n{'run':24}{'real tokens/s':>15}{'padding':>10}{'MFU':>8}{'vs stock':>10}{'vs grouped':>12}")
+    print(f"\n{results['options']['family']}, {results['options']['shape']} shape")
+    print(f"{'run':24}{'real tokens/s':>15}{'padding':>10}{'MFU':>8}{'vs stock':>10}{'vs padded':>11}"
+          f"{'vs grouped':>12}")
     for name, entry in runs.items():
-        print(f"{name:24}{entry['real_tokens_per_s']:15.0f}{entry['padding_fraction']:10.1%}{entry['mfu']:8.1%}"
-              f"{entry['vs_stock']:9.2f}x" + (f"{entry['vs_grouped']:11.2f}x" if "vs_grouped" in entry else ""))
+        mfu = "-" if entry["mfu"] is None else f"{entry['mfu']:.1%}"
+        vs_stock = f"{entry['vs_stock']:9.2f}x" if "vs_stock" in entry else f"{'-':>10}"
+        vs_padded = f"{entry['vs_padded']:10.2f}x" if "vs_padded" in entry else f"{'-':>11}"
+        print(f"{name:24}{entry['real_tokens_per_s']:15.0f}{entry['padding_fraction']:10.1%}{mfu:>8}"
+              f"{vs_stock}{vs_padded}" + (f"{entry['vs_grouped']:11.2f}x" if "vs_grouped" in entry else ""))
+    for name, why in results.get("failed", {}).items():
+        print(f"{name}: failed: {why}")
     if not {"grouped", "padding_free", "grouped_padding_free"} <= set(runs):
         print(f"wall {results['wall_seconds']:.0f} s")
         return

@@ -14,9 +14,11 @@ Parts (``--parts``; all by default), each printing its own table and written int
   two settings at once, one thread each, as the demo's two workers run on a 2-core machine:
 
   - ``committed``: the demo as it was committed before the loss at labels: TRL's fused LM head over every position
-    (TRL as shipped on a CPU: ``compat.fused_head_compacted_on_cpu`` off), padded batches in random order;
+    (TRL as shipped on a CPU: ``compat.fused_head_compacted_on_cpu`` off), padded batches in random order, and stage
+    2 in float32 as it then ran (the model stage 1's Trainer had prepared was not prepared again, so stage 2 had no
+    autocast: ``compat.forget_accelerate_preparation`` off);
   - ``new``: the demo's configuration now: the LM head at the labelled positions only, ``group_by_modality_length``
-    order, eager attention while training (``DemoConfig.real_llm``).
+    order, eager attention while training (``DemoConfig.real_llm``), bf16 autocast in both stages.
 
   Both use AdamW's fused kernel (the Trainer's default ``optim``) and the demo's logging (every 5 steps). Seconds
   per step (median of the steps after the first), real tokens per second (TRL's ``num_tokens`` between the first and
@@ -128,6 +130,9 @@ def demo_child(spec: dict) -> int:
     with quiet_libraries(), contextlib.ExitStack() as stack:
         if spec["setting"] == "committed":  # TRL's fused head over every position, as TRL ships it on a CPU
             stack.enter_context(_patched(train_module, "fused_head_compacted_on_cpu", contextlib.nullcontext))
+            # and stage 2 as the committed demo ran it: the model stage 1's Trainer had prepared was not prepared
+            # again, so stage 2 trained without autocast (float32)
+            stack.enter_context(_patched(train_module, "forget_accelerate_preparation", lambda model: None))
         parts = build_parts(paths.parts, config.parts, progress=False)
         dataset = synthetic.dataset_paths(paths.data)
         data = {1: load_llava_json(dataset.pretrain, dataset.root), 2: load_llava_json(dataset.instruct, dataset.root)}

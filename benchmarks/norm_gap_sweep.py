@@ -84,7 +84,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.demo.run import config_from_args, make_parser as demo_parser, run_demo
+    from llava_normaligned.commands.demo import config_from_args, make_parser as demo_parser
+    from llava_normaligned.demo.run import run_demo
 
     opts = make_parser().parse_args(argv)
     if any(gap <= 0 for gap in opts.gaps):

@@ -199,12 +199,18 @@ def word_tokenizer(with_image_token: bool = False):
     Llama's vocabulary, so a row's token count is what it would be there), with ChatML's special tokens and the
     ChatML template of ``llava_normaligned.tiny``, whose ``{% generation %}`` markers TRL's ``assistant_only_loss``
     needs. ``with_image_token``: with ``<image>`` already added (``compose`` adds it to an LM's tokenizer itself)."""
-    from llava_normaligned.tiny import DEFAULT_CORPUS_WORDS, train_tokenizer
+    from llava_normaligned.tiny import train_tokenizer
+
+    return train_tokenizer(bench_words(), vocab_size=2048, with_image_token=with_image_token)
+
+
+def bench_words() -> list[str]:
+    """Every word the generated rows use (the tokenizers' vocabulary: one token each)."""
+    from llava_normaligned.tiny import DEFAULT_CORPUS_WORDS
 
     words = sorted(set(WORDS) | set(DEFAULT_CORPUS_WORDS))
-    words += [w.capitalize() for w in words] + [".", "?", "[", "]", "Reference", "OCR", "token", "Please"]
-    return train_tokenizer(words, vocab_size=2048, with_image_token=with_image_token)
+    return words + [w.capitalize() for w in words] + [".", "?", "[", "]", "Reference", "OCR", "token", "Please"]
 
 
-__all__ = ["MIX_ROWS", "PRETRAIN_ROWS", "mix_rows", "pretrain_rows", "tiny_images", "word_tokenizer", "write_images",
+__all__ = ["MIX_ROWS", "PRETRAIN_ROWS", "bench_words", "mix_rows", "pretrain_rows", "tiny_images", "word_tokenizer", "write_images",
            "write_json", "write_mix_json", "write_pretrain_json"]

@@ -11,22 +11,19 @@ bias, the text embeddings), the processor's config, and, when present, ``trainin
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from llava_normaligned.console import CommandParser
 from llava_normaligned.families.anatomy import LLAVA_NORMALIGNED, family_of
-from llava_normaligned.io import write_json_atomic, write_text_atomic
+from llava_normaligned.io import write_json_atomic
 from llava_normaligned.local_paths import hide_local_paths
 
 from .selfcheck import TOKEN_PATTERN, remote_code_files, require_model_folder, safetensors_header
@@ -725,47 +722,7 @@ def check_card(card: ModelCard) -> None:
         raise ValueError("model card metadata: " + "; ".join(problems))
 
 
-# ------------------------------------------------------------------------------------------------------------ CLI
-
-
-def add_card_options(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by ``card`` and ``push``."""
-    group = parser.add_argument_group("model card")
-    group.add_argument("--license", default=None, help="Hub license id of the weights (e.g. apache-2.0, llama3.2)")
-    group.add_argument("--dataset", action="append", default=[], help="Hub dataset id trained on (repeatable)")
-    group.add_argument("--base-model", action="append", default=[],
-                       help="Hub model id of a base model (repeatable; default: the LLM's id in config.json)")
-    group.add_argument("--base-model-relation", choices=BASE_MODEL_RELATIONS, default=None,
-                       help="how the model derives from the base model(s) (default: finetune for a trained "
-                       "checkpoint and the LLM from config.json; unset for --base-model lists)")
-    group.add_argument("--tag", action="append", default=[], help="extra tag (repeatable)")
-    group.add_argument("--diagnostics", default=None, metavar="DIR",
-                       help="diagnose output to report (default: DIR/diagnostics)")
-    group.add_argument("--eval", default=None, metavar="DIR", help="eval output to report (default: DIR/eval)")
-
-
-def card_options(args, repo_id=None, revision=None, branch=None) -> CardOptions:
-    return CardOptions(
-        repo_id=repo_id, revision=revision, branch=branch, license=args.license, datasets=tuple(args.dataset),
-        base_models=tuple(args.base_model), base_model_relation=args.base_model_relation, tags=tuple(args.tag),
-        diagnostics_dir=args.diagnostics, eval_dir=args.eval,
-    )
-
-
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="llava-normaligned card",
-        description="Render the model card (README.md) of a checkpoint folder from its config, weights and records.",
-    )
-    parser.add_argument("folder", help="checkpoint folder (written by compose, convert or train)")
-    parser.add_argument("--output", default=None,
-                        help="where to write the card (default: FOLDER/README.md; - for stdout)")
-    parser.add_argument("--repo-id", default=None, help="NS/NAME the usage snippets load from")
-    parser.add_argument("--revision", default=None, help="commit hash the usage snippets pin")
-    parser.add_argument("--validate", action="store_true",
-                        help="also validate the metadata with the Hub's API (HF_ENDPOINT; needs the network)")
-    add_card_options(parser)
-    return parser
+# ------------------------------------------------------------------------------------------------- Hub validation
 
 
 def validate_on_hub(card: ModelCard) -> str | None:
@@ -780,33 +737,3 @@ def validate_on_hub(card: ModelCard) -> str | None:
     except Exception as error:  # noqa: BLE001  (HTTP errors, no network, a wrong HF_ENDPOINT: all reported)
         return f"could not validate with the Hub at {constants.ENDPOINT}: {type(error).__name__}: {error}"
     return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
-    from llava_normaligned.console import arguments_accepted, fail
-
-    from .selfcheck import SelfCheckError, check_checkpoint_folder
-
-    try:
-        check_checkpoint_folder(args.folder)
-    except SelfCheckError as error:  # bad input: exit 2, as argparse's own usage errors
-        return fail("card", error)
-    arguments_accepted()
-    try:
-        card = render_card(args.folder, card_options(args, args.repo_id, args.revision))
-        check_card(card)
-    except ValueError as error:
-        print(f"llava-normaligned card: {error}", file=sys.stderr)
-        return 1
-    problem = validate_on_hub(card) if args.validate else None
-    if problem is not None:
-        print(f"llava-normaligned card: {TOKEN_PATTERN.sub('hf_***', problem)}", file=sys.stderr)
-        return 1
-    if args.output == "-":
-        sys.stdout.write(str(card))
-        return 0
-    output = Path(args.output) if args.output else Path(args.folder) / "README.md"
-    write_text_atomic(output, str(card))  # never a half-written card
-    print(f"wrote {output}")
-    return 0

@@ -17,31 +17,25 @@ holds: the sha256 of every Python file, and every ``auto_map`` entry that points
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import fnmatch
 import hashlib
 import logging
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 
-from llava_normaligned.console import CommandParser, arguments_accepted
-
-from .card import CardOptions, add_card_options, card_options, check_card, package_version, render_card
+from .card import CardOptions, check_card, package_version, render_card
 from .selfcheck import (
     PICKLE_SUFFIXES,
     RECORD_PATTERNS,
-    LocalPathError,
     SelfCheckError,
     UploadPlan,
     auto_map_entries,
-    check_checkpoint_folder,
     check_local_paths,
     check_text_paths,
     find_secrets,
@@ -330,110 +324,3 @@ def _remote_code(folder: Path) -> list[tuple[str, str, bool]]:
         same = shipped.is_file() and hashlib.sha256(shipped.read_bytes()).hexdigest() == digest
         rows.append((name, digest, same))
     return rows
-
-
-# ------------------------------------------------------------------------------------------------------------- CLI
-
-
-def make_push_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="llava-normaligned push",
-        description="Check that a checkpoint folder stands on its own, then upload it with its model card in one "
-        "commit. Endpoint and token come from HF_ENDPOINT and HF_TOKEN (or `hf auth login`).",
-    )
-    parser.add_argument("folder", help="checkpoint folder (compose, convert or train output, or a checkpoint-N)")
-    parser.add_argument("--repo-id", required=True, help="NAMESPACE/NAME; created if missing")
-    parser.add_argument("--private", action="store_true", help="create the repo private")
-    parser.add_argument("--revision", default=None, metavar="BRANCH", help="branch to commit to (default main)")
-    parser.add_argument("--commit-message", default=None,
-                        help="the commit's message (default: \"Upload FOLDER with llava-normaligned VERSION\")")
-    parser.add_argument("--token", default=None,
-                        help="Hub token (default HF_TOKEN or the saved login; prefer those: a flag shows in `ps`)")
-    parser.add_argument("--include", action="append", default=[], metavar="PATTERN",
-                        help="also upload files matching PATTERN (repeatable; pickles are never uploaded)")
-    parser.add_argument("--skip-load-check", action="store_true",
-                        help="skip loading the folder in a fresh process (for models too large to load here)")
-    parser.add_argument("--no-pin-card", action="store_true",
-                        help="do not follow with the README commit that pins the card's snippets to the model commit")
-    parser.add_argument("--dry-run", action="store_true", help="check and print what would be uploaded; upload nothing")
-    add_card_options(parser)
-    return parser
-
-
-def push_main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.console import fail
-
-    args = make_push_parser().parse_args(argv)
-    options = card_options(args)
-    try:
-        check_checkpoint_folder(args.folder)
-    except SelfCheckError as error:  # bad input: exit 2, as argparse's own usage errors
-        return fail("push", error)
-    arguments_accepted()
-    try:
-        if args.dry_run:
-            plan = self_check(args.folder, include=tuple(args.include), tokens=known_tokens(args.token),
-                              load=not args.skip_load_check)
-            card = render_card(plan.folder, dataclasses.replace(options, repo_id=args.repo_id, branch=args.revision))
-            check_card(card)
-            check_text_paths("README.md (the rendered model card)", str(card))
-            print(plan.summary())
-            print("  + README.md (rendered model card)\ndry run: nothing uploaded")
-            return 0
-        result = push(
-            args.folder, args.repo_id, private=args.private, revision=args.revision,
-            commit_message=args.commit_message, token=args.token, options=options, include=tuple(args.include),
-            check_load=not args.skip_load_check, pin_card=not args.no_pin_card,
-        )
-    except LocalPathError as error:  # the folder's records must be rewritten: bad input, as a missing folder
-        return fail("push", scrub(str(error), known_tokens(args.token)))
-    except (SelfCheckError, PushError, ValueError) as error:
-        print(f"llava-normaligned push: {scrub(str(error), known_tokens(args.token))}", file=sys.stderr)
-        return 1
-    print(f"pushed {len(result.uploaded)} file(s) to {result.repo_id}@{result.branch}: commit {result.commit}")
-    for path in result.deleted:
-        print(f"  deleted stale {path}")
-    for path, reason in UploadPlan(Path(args.folder), skipped=result.skipped).skipped_summary():
-        print(f"  left out {path}: {reason}")
-    if result.card_commit:
-        print(f"model card pinned to {result.commit} (commit {result.card_commit})")
-    print(f'load it with: from_pretrained("{result.repo_id}", revision="{result.commit}", trust_remote_code=True)')
-    return 0
-
-
-def make_pull_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="llava-normaligned pull",
-        description="Download a checkpoint from the Hub (pickle files excluded) and show the remote code it holds.",
-    )
-    parser.add_argument("repo_id", metavar="NS/NAME", help="the Hub model repo, NAMESPACE/NAME")
-    parser.add_argument("--revision", default=None, help="branch, tag or commit hash (default main)")
-    parser.add_argument("--local-dir", default=None, help="download here instead of the Hub cache")
-    parser.add_argument("--token", default=None, help="Hub token (default HF_TOKEN or the saved login)")
-    return parser
-
-
-def pull_main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.console import fail
-
-    args = make_pull_parser().parse_args(argv)
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
-        return fail("pull", f"{args.repo_id}: HF_HUB_OFFLINE is set, so nothing can be downloaded; unset it to pull")
-    arguments_accepted()
-    try:
-        result = pull(args.repo_id, args.revision, args.local_dir, token=args.token)
-    except (PullError, ValueError) as error:
-        print(f"llava-normaligned pull: {scrub(str(error), known_tokens(args.token))}", file=sys.stderr)
-        return 1
-    print(f"{args.repo_id} at commit {result.commit} -> {result.path}")
-    for name in result.skipped_pickles:
-        print(f"  not downloaded: {name} (pickle)")
-    for name, digest, same in result.remote_code:
-        note = (f"identical to llava-normaligned {package_version()}'s" if same
-                else "NOT the installed package's: review it")
-        print(f"  remote code {name} sha256 {digest} ({note})")
-    for config_name, auto_class, reference in result.cross_repo_code:
-        print(f"  WARNING {config_name}: auto_map[{auto_class!r}] = {reference!r} points into another repo: "
-              "trust_remote_code would download and run that repo's code too; review it or do not trust remote code")
-    print(f'load it with: from_pretrained("{result.path}", trust_remote_code=True)')
-    return 0

@@ -1,5 +1,5 @@
 """Put the paper's aligned LayerNorm into a saved vision-language model of another family (the ``align`` command is
-``llava_normaligned.assembly.commands``).
+``llava_normaligned.commands.align``).
 
 For a stock VLM (Hub id or folder) of a family ``families.anatomy`` knows, the norm-aligned LayerNorm (the model
 file's ``NormAlignedLayerNorm``: gain T / sqrt(D), Global Weight Compensation; Li et al., arXiv 2512.08374, §5.1)

@@ -77,6 +77,11 @@ HOOKS: dict[str, Hook] = {hook.name: hook for hook in (
          "puts before every user callback; the handler delivering an event is found on the call stack (no event "
          "passes it) and the callback moves itself to the front of its public ``callbacks`` list",
          "test_callback_handler_order_hook", "_probe_callback_handler"),
+    Hook("flash_varlen_rows", "transformers", ">=5.18,<5.26", ("_is_packed_sequence",),
+         "the rows flash attention's variable-length path finds in a packed batch's position_ids, by transformers' "
+         "own test and cu_seqlens (what a CPU cannot run: the padding-free tests run each row that path would "
+         "give alone)",
+         "test_flash_varlen_rows_hook", "_probe_flash_varlen"),
     Hook("no_split_modules", "transformers", ">=5.18,<5.26", ("_no_split_modules",),
          "the layer classes a model says must not be split: the FSDP wrap classes when the config names none "
          "(accelerate falls back to the same list)",
@@ -98,6 +103,12 @@ HOOKS: dict[str, Hook] = {hook.name: hook for hook in (
          "FSDP2 on the CPU: every later AcceleratorState() copies PartialState's fields, which put MULTI_CPU back "
          "after prepare (a resume then hung); accelerate's own FSDP set-up records the type there too",
          "test_accelerate_distributed_type_hook", "_probe_accelerate_state"),
+    Hook("accelerate_prepared_model", "accelerate", ">=1.16,<1.17", ("_is_accelerate_prepared", "_original_forward"),
+         "a model one Trainer trained and another trains next (stage 1 then stage 2 in one process, the demo, the "
+         "Python API): accelerate marks it prepared and its mixed-precision forward wrapper is gone by then, so the "
+         "next Trainer skips preparing it and trains without autocast (bf16 ran in float32: 1.7x slower a step on a "
+         "CPU with AMX); the marks are cleared so each Trainer prepares it anew",
+         "test_accelerate_prepared_model_hook", "_probe_accelerate_prepared"),
     Hook("datasets_indices", "datasets", ">=5.2,<5.3", ("_indices",),
          "a selected or shuffled dataset's row order, read without flatten_indices (which copies every image byte)",
          "test_datasets_indices_hook", "_probe_datasets_dataset"),
@@ -359,6 +370,35 @@ def _probe_attn_implementation() -> None:
              "PretrainedConfig._attn_implementation is no longer a property")
 
 
+def flash_varlen_rows(position_ids, batch_size: int) -> list[tuple[int, int]] | None:
+    """The rows ``[start, end)`` transformers' flash attention would attend separately (its variable-length path)
+    for a batch of ``batch_size`` without an attention mask and these ``position_ids`` ((batch, length) as the
+    attention layers receive them); None where it would run the batch as it is."""
+    ensure("flash_varlen_rows")
+    from transformers.modeling_flash_attention_utils import (
+        _is_packed_sequence,
+        prepare_fa_kwargs_from_position_ids,
+    )
+
+    if not _is_packed_sequence(position_ids, batch_size):
+        return None
+    (cu_seqlens, _), _ = prepare_fa_kwargs_from_position_ids(position_ids)
+    bounds = cu_seqlens.tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _probe_flash_varlen() -> None:
+    import inspect
+
+    from transformers import modeling_flash_attention_utils as utils
+
+    _require(callable(getattr(utils, "_is_packed_sequence", None)), "_is_packed_sequence is gone")
+    _require(callable(getattr(utils, "prepare_fa_kwargs_from_position_ids", None)),
+             "prepare_fa_kwargs_from_position_ids is gone")
+    _require("_is_packed_sequence(" in inspect.getsource(utils._flash_attention_forward),
+             "flash attention no longer finds packed rows by _is_packed_sequence")
+
+
 def no_split_modules(model) -> list[str]:
     """The layer classes a transformers model says must not be split across devices (``[]`` where it names none)."""
     ensure("no_split_modules")
@@ -448,6 +488,30 @@ def _probe_accelerate_state() -> None:
     _require(hasattr(PartialState, "_shared_state"), "PartialState._shared_state is gone")
     _require("PartialState._shared_state" in inspect.getsource(AcceleratorState.__init__),
              "AcceleratorState no longer copies PartialState._shared_state")
+
+
+def forget_accelerate_preparation(model) -> None:
+    """Clear what an earlier ``Accelerator.prepare`` left on ``model`` (its mark as prepared, and its mixed-precision
+    forward wrapper with the forward it wrapped), so that the next Trainer prepares it as a new model: with the
+    autocast its own arguments ask for. A model never prepared is left as it is."""
+    ensure("accelerate_prepared_model")
+    state = vars(model)
+    prepared = state.pop("_is_accelerate_prepared", None)
+    original = state.pop("_original_forward", None)
+    if (prepared or original is not None) and "forward" in state:
+        del state["forward"]  # the class's forward again
+
+
+def _probe_accelerate_prepared() -> None:
+    import inspect
+
+    from accelerate import Accelerator
+
+    source = inspect.getsource(Accelerator.prepare_model)
+    _require('getattr(model, "_is_accelerate_prepared", False)' in source,
+             "Accelerator.prepare_model no longer skips a model marked _is_accelerate_prepared")
+    _require("model._original_forward = model.forward" in source,
+             "Accelerator.prepare_model no longer keeps the wrapped forward as _original_forward")
 
 
 # ---------------------------------------------------------------------------------------------------- datasets
@@ -687,7 +751,7 @@ def _probe_vllm_llava() -> None:
 __all__ = [
     "HOOKS", "REPLACED", "CompatError", "DefaultsHelpFormatter", "Hook", "TrainerHooks", "attn_implementation",
     "callback_handler_delivering", "dataset_fingerprint", "dataset_indices", "dataset_over", "deepspeed_op_off",
-    "ensure", "forwards_replaced", "in_checked_range", "installed_version", "is_store_false",
+    "ensure", "flash_varlen_rows", "forget_accelerate_preparation", "forwards_replaced", "in_checked_range", "installed_version", "is_store_false",
     "keeps_pil_backend_steps", "move_to_group", "no_split_modules", "parser_actions", "put_callback_first",
     "random_fingerprint", "record_distributed_type", "vllm_llava_projector_built_as", "write_arrow_file",
 ]

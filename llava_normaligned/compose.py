@@ -6,7 +6,7 @@
 
 Both write a folder that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` (and with
 ``trust_remote_code=True`` where this package is not installed). The two commands are
-``llava_normaligned.assembly.commands``.
+``llava_normaligned.commands.compose`` and ``llava_normaligned.commands.convert``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ from transformers.models.clip.image_processing_pil_clip import CLIPImageProcesso
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
 from .align import SUPPORTED_MODEL_TYPES
-from .console import SEED, BadInput, CommandParser, check_number, check_output_folder, quiet_known_notices
 from .families.tokens import IMAGE_TOKEN
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
@@ -510,47 +509,8 @@ def save_tiny_vlm(family: str, output_dir: str | os.PathLike, seed: int = 0) -> 
     return tiny_vlm(family, seed=seed).save(output_dir)
 
 
-# ----------------------------------------------------------------------------------------------------------- CLI
+if __name__ == "__main__":  # the command line of earlier releases, kept working: the ``tiny`` command runs it
+    import importlib
 
-PROG = "python -m llava_normaligned.tiny"
-
-
-def make_parser() -> CommandParser:
-    parser = CommandParser(  # argparse's usage errors in one line, exit code 2
-        prog=PROG,
-        description="Write a tiny random stock vision-language model of another family (transformers' own classes, "
-        "a few hundred kilobytes, built in code: nothing is downloaded) with its processor, as the folder "
-        "`llava-normaligned align` takes. See docs/align.md, 'Offline, with nothing downloaded'.",
-    )
-    parser.add_argument("--family", required=True, type=lambda name: name.strip().lower().replace("-", "_"),
-                        choices=TINY_VLM_FAMILIES, metavar="FAMILY",
-                        help=f"the model_type to build: {', '.join(TINY_VLM_FAMILIES)} (SmolVLM's architecture is "
-                        f"idefics3's). `train` needs torchvision for all but {', '.join(TRAINS_WITHOUT_TORCHVISION)}")
-    parser.add_argument("--output-dir", required=True, help="new or empty folder to write the model to")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = make_parser()
-    args = parser.parse_args(argv)
-    try:
-        check_number("--seed", args.seed, SEED)
-        check_output_folder("--output-dir", args.output_dir, empty=True)
-    except BadInput as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # "Writing model shards": one shard of a few hundred kB
-    quiet_known_notices()  # DeepSpeed's "Setting accelerator to CPU", when save_pretrained imports it
-    vlm = tiny_vlm(args.family, seed=args.seed)
-    vlm.save(os.path.expanduser(args.output_dir))
-    count = sum(p.numel() for p in vlm.model.parameters())
-    print(f"wrote {args.output_dir}: a tiny random {type(vlm.model).__name__} ({count:,} parameters) with its "
-          f"processor; next: llava-normaligned align {args.output_dir} --output-dir ALIGNED")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print("python -m llava_normaligned.tiny is now `llava-normaligned tiny` (the same flags)", file=sys.stderr)
+    sys.exit(importlib.import_module("llava_normaligned.commands.tiny").main())

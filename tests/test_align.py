@@ -19,10 +19,10 @@ import torch
 from PIL import Image
 
 from llava_normaligned.align import SUPPORTED_MODEL_TYPES
-from llava_normaligned.assembly.commands import align_main
+from llava_normaligned.commands.align import main as align_main
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.diagnostics import DiagnoseConfig
-from llava_normaligned.diagnostics import main as diagnose_main
+from llava_normaligned.commands.diagnose import main as diagnose_main
 from llava_normaligned.diagnostics.default_inputs import default_images_dir, default_prompts_file
 from llava_normaligned.diagnostics.inputs import list_images, load_prompts, pair_samples
 from llava_normaligned.diagnostics.runner import probe_model

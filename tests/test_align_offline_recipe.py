@@ -22,7 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from llava_normaligned.tiny import TINY_VLM_FAMILIES, TRAINS_WITHOUT_TORCHVISION, main
+from llava_normaligned.commands.tiny import main
+from llava_normaligned.tiny import TINY_VLM_FAMILIES, TRAINS_WITHOUT_TORCHVISION
 
 DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "align.md")
 HEADING = "## Offline, with nothing downloaded"
@@ -89,16 +90,15 @@ def _read(path) -> dict:
 
 def test_the_block_is_the_recipe_in_order():
     programs = [shlex.split(c)[:3] for c in recipe_commands()]
-    assert programs[0] == ["python", "-m", "llava_normaligned.tiny"]
-    assert [p[1] for p in programs[1:]] == ["align", "make-data", "train", "diagnose"]
-    assert all(p[0] == "llava-normaligned" for p in programs[1:])
+    assert [p[1] for p in programs] == ["tiny", "align", "make-data", "train", "diagnose"]
+    assert all(p[0] == "llava-normaligned" for p in programs)
     train = next(c for c in recipe_commands() if c.startswith("llava-normaligned train"))
     assert _argument(train, "--stage") == "2" and _argument(train, "--max_steps") == "2"
 
 
 def test_the_tiny_model_is_a_stock_folder_with_its_processor(recipe):
     folder, ran = recipe
-    command, done, _ = ran["llava_normaligned.tiny"]
+    command, done, _ = ran["tiny"]
     stock = folder / _argument(command, "--output-dir")
     assert done.stdout.startswith(f"wrote {_argument(command, '--output-dir')}: ")
     assert _read(stock / "config.json")["model_type"] == _argument(command, "--family") == "idefics3"
@@ -168,7 +168,7 @@ def test_the_docs_name_the_families_that_train_without_torchvision():
     assert set(TRAINS_WITHOUT_TORCHVISION) < set(TINY_VLM_FAMILIES)
 
 
-# ------------------------------------------------------------------------------------ llava_normaligned.tiny itself
+# ------------------------------------------------------------------------------------------ the tiny command itself
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -189,7 +189,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys):
         code = stop.code
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and says in err[0], err
-    assert err[0].startswith("python -m llava_normaligned.tiny: error: ")
+    assert err[0].startswith("llava-normaligned tiny: error: ")
     assert not (tmp_path / "out").exists()
     assert os.listdir(tmp_path / "full") == ["keep.txt"]
 
@@ -199,3 +199,15 @@ def test_a_family_name_may_be_written_with_hyphens(tmp_path, capsys):
     assert _read(tmp_path / "out" / "config.json")["model_type"] == "llava_next"
     out = capsys.readouterr().out
     assert out.startswith(f"wrote {tmp_path / 'out'}: a tiny random LlavaNextForConditionalGeneration")
+
+
+def test_the_earlier_module_command_line_still_runs_with_a_notice(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "llava_normaligned.tiny", "--family", "idefics3", "--output-dir",
+                           str(out)], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    notice = "python -m llava_normaligned.tiny is now `llava-normaligned tiny` (the same flags)"
+    assert notice in done.stderr.splitlines(), done.stderr[-2000:]
+    assert _read(out / "config.json")["model_type"] == "idefics3" and done.stdout.startswith(f"wrote {out}: ")
+

@@ -16,12 +16,12 @@ import torch
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 
+from llava_normaligned.commands.card import main
 from llava_normaligned.hub_cards.card import (
     BIBTEX,
     CardOptions,
     check_card,
     flat_rows,
-    main,
     norm_statistics,
     read_checkpoint,
     render_card,
@@ -47,7 +47,7 @@ def folder(tiny_model_dir, tmp_path):
 def trained_dir(tiny_model_dir, tmp_path_factory):
     """The output folder of a real 2-step stage-2 run of the `train` command (its training_summary.json and
     norm_tracking.json as train writes them), its data read from an absolute local path."""
-    from llava_normaligned.trainer.train import main as train_main
+    from llava_normaligned.commands.train import main as train_main
     from tests.support.training import write_llava_dataset
 
     root = tmp_path_factory.mktemp("trained_for_card")

@@ -76,14 +76,14 @@ def help_problems(parser: argparse.ArgumentParser) -> list[str]:
 
 def command_parsers(name: str) -> list[argparse.ArgumentParser]:
     """The parsers behind ``llava-normaligned NAME`` (each module's ``make_*parser``)."""
-    from llava_normaligned.cli import COMMANDS
+    from llava_normaligned.commands import module_name
 
-    module = importlib.import_module(COMMANDS[name][0])
+    module = importlib.import_module(module_name(name))
     return [getattr(module, attr)() for attr in dir(module) if attr.startswith("make") and attr.endswith("parser")]
 
 
 def _command_names():
-    from llava_normaligned.cli import COMMANDS
+    from llava_normaligned.commands import COMMANDS
 
     return list(COMMANDS)
 

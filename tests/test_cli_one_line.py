@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from llava_normaligned.cli import COMMANDS, main
+from llava_normaligned.cli import main
+from llava_normaligned.commands import COMMANDS, module_name
 
 # For each command: its required arguments, and a flag that takes a number (given a word), where it has one.
 REQUIRED = {
@@ -25,6 +26,7 @@ REQUIRED = {
     "compose": ["--vision-model", "v", "--text-model", "t", "--output-dir", "x"],
     "align": ["m", "--output-dir", "x"],
     "convert": ["--from-llava", "m", "--output-dir", "x"],
+    "tiny": ["--family", "idefics3", "--output-dir", "x"],
     "generate": ["m", "--prompt", "hi"],
     "chat": ["m"],
     "diagnose": ["m", "--output-dir", "x"],
@@ -44,6 +46,7 @@ NOT_A_NUMBER = {
     "compose": ["--vision-feature-layer", "last"],
     "align": ["--gradient-compensation-min", "small"],
     "convert": ["--gradient-compensation-min", "small"],
+    "tiny": ["--seed", "one"],
     "generate": ["--max-new-tokens", "many"],
     "chat": ["--port", "eighty"],
     "diagnose": ["--max-samples", "all"],
@@ -81,7 +84,7 @@ def _command_parser(name: str):
     """The parser of ``llava-normaligned NAME``: the ``make_*parser`` of its module whose prog is the command's."""
     import importlib
 
-    module = importlib.import_module(COMMANDS[name][0])
+    module = importlib.import_module(module_name(name))
     parsers = [getattr(module, attr)() for attr in dir(module) if attr.startswith("make") and attr.endswith("parser")]
     [parser] = [parser for parser in parsers if parser.prog == f"llava-normaligned {name}"]
     return parser

@@ -135,6 +135,48 @@ def test_attn_implementation_hook():
         assert compat.attn_implementation(model.config) == implementation
 
 
+ACCELERATE_TWICE = """
+import torch
+from accelerate import Accelerator
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from llava_normaligned import compat
+
+model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2))
+seen = []
+model.model.layers[0].register_forward_pre_hook(lambda m, a: seen.append(torch.is_autocast_enabled("cpu")))
+ids = torch.tensor([[1, 2, 3]])
+first = Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
+first(ids)
+Accelerator().unwrap_model(first, keep_fp32_wrapper=False)  # as the model is after a Trainer's run: no wrapper
+again = Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
+again(ids)  # marked as prepared: skipped, no autocast
+compat.forget_accelerate_preparation(model)
+assert "_is_accelerate_prepared" not in vars(model) and "forward" not in vars(model)
+third = Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
+third(ids)
+print(seen)
+"""
+
+
+def test_accelerate_prepared_model_hook():
+    """A model prepared once, its wrapper gone: the next prepare skips it (no autocast) until the hook clears the
+    marks. In a process of its own: accelerate's state is one per process."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", ACCELERATE_TWICE], capture_output=True, text=True, check=True)
+    assert result.stdout.split("\n")[-2] == "[True, False, True]", result.stdout + result.stderr
+
+
+def test_flash_varlen_rows_hook():
+    packed = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    assert compat.flash_varlen_rows(packed, 1) == [(0, 3), (3, 5), (5, 9)]
+    assert compat.flash_varlen_rows(torch.arange(5)[None], 1) is None  # one row: the plain path
+    assert compat.flash_varlen_rows(packed.expand(2, -1), 2) is None  # a padded batch is never read as packed
+
+
 def test_no_split_modules_hook():
     assert compat.no_split_modules(_tiny_llama()) == ["LlamaDecoderLayer"]
     assert compat.no_split_modules(torch.nn.Linear(1, 1)) == []

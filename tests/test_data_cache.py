@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from llava_normaligned.trainer.data import load_llava_json
-from llava_normaligned.trainer.train import main
+from llava_normaligned.commands.train import main
 
 
 def _image_set(folder, colour) -> str:

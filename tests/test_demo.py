@@ -386,7 +386,8 @@ def test_best_model_variant_option(quick_demo, results, capsys):
     """``--best-model-variant`` puts another row in ``best_model/``; the runs are reused (it changes no number); a
     key that is no row is refused by the parser."""
     from llava_normaligned.cli import main
-    from llava_normaligned.demo.run import BEST_MODEL_CHOICES, DEFAULT_BEST_VARIANT, make_parser, pick_best_seed
+    from llava_normaligned.commands.demo import make_parser
+    from llava_normaligned.demo.run import BEST_MODEL_CHOICES, DEFAULT_BEST_VARIANT, pick_best_seed
 
     assert make_parser().parse_args(["--output-dir", "x"]).best_model_variant == DEFAULT_BEST_VARIANT
     assert set(BEST_MODEL_CHOICES) == {v.key for v in VARIANTS + EXTRA_VARIANTS}
@@ -511,7 +512,7 @@ def test_the_demo_is_its_own_package_and_training_does_not_use_it():
 
 
 def test_bad_seed_count_is_one_clear_error(tmp_path, capsys):
-    from llava_normaligned.demo.run import main as demo_main
+    from llava_normaligned.commands.demo import main as demo_main
 
     with pytest.raises(SystemExit) as exit_info:
         demo_main(["--output-dir", str(tmp_path / "out"), "--seeds", "0"])

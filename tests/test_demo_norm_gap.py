@@ -63,7 +63,8 @@ def test_other_images_see_the_same_scale_and_bad_gaps_are_refused(parts):
 
 
 def test_the_flag_is_recorded_and_the_real_llm_default_is_llava_s_gap():
-    from llava_normaligned.demo.run import REAL_LLM_NORM_GAP, DemoConfig, config_from_args, make_parser
+    from llava_normaligned.commands.demo import config_from_args, make_parser
+    from llava_normaligned.demo.run import REAL_LLM_NORM_GAP, DemoConfig
 
     parser = make_parser()
     real = config_from_args(parser.parse_args(["--output-dir", "x", "--text-model", "smollm2-135m-offline"]))

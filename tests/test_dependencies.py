@@ -6,7 +6,9 @@ two commands and CI install the tested set."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -74,14 +76,46 @@ def test_the_readme_and_ci_install_the_tested_set():
     assert "bash .ci/newest" in readme  # the way to try the newest releases, documented
 
 
-def test_the_newest_script_diffs_then_tests_then_updates_only_on_success():
-    script = (ROOT / ".ci" / "newest").read_text()
-    order = [script.index(step) for step in (
-        "--upgrade --upgrade-strategy eager", "versions.py diff", "python -m pytest -q \"$@\"", "versions.py write")]
-    assert order == sorted(order)
-    assert re.search(r'if \[ "\$status" -eq 0 \] && \[ "\$update" -eq 1 \]', script)
+NEWEST_SHIM = """#!/usr/bin/env bash
+# what the script asked for, one line a call; pytest ends with $PYTEST_STATUS
+echo "$(basename "$0") $*" >> "$SHIM_LOG"
+case "$(basename "$0") $*" in
+  "python3 -m venv .venv-newest") mkdir -p .venv-newest/bin && echo 'PATH="'"$SHIM_DIR"':$PATH"' > .venv-newest/bin/activate ;;
+  "python -c "*) echo "torch==2.13.0" ;;
+  "python -m pytest"*) exit "${PYTEST_STATUS:-0}" ;;
+esac
+"""
+
+
+def _run_newest(tmp_path, status: int, *args: str) -> tuple[int, list[str]]:
+    """``.ci/newest`` in a copy of the checkout's root, with ``python3``, ``python`` and ``pip`` that only record
+    what they were asked (the suite ending with ``status``): the script's decisions, not pip's work."""
+    root, shims = tmp_path / "root", tmp_path / "shims"
+    (root / ".ci").mkdir(parents=True)
+    (root / ".ci" / "newest").write_text((ROOT / ".ci" / "newest").read_text())
+    shims.mkdir()
+    for name in ("python3", "python", "pip"):
+        (shims / name).write_text(NEWEST_SHIM)
+        (shims / name).chmod(0o755)
+    log = tmp_path / "log"
+    env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "SHIM_LOG": str(log),
+           "SHIM_DIR": str(shims), "PYTEST_STATUS": str(status)}
+    done = subprocess.run(["bash", str(root / ".ci" / "newest"), *args], env=env, capture_output=True, text=True)
+    return done.returncode, log.read_text().splitlines()
+
+
+@pytest.mark.parametrize(("status", "update", "writes"), [(0, True, True), (1, True, False), (0, False, False)])
+def test_the_newest_script_diffs_then_tests_then_updates_only_on_success(tmp_path, status, update, writes):
+    code, calls = _run_newest(tmp_path, status, *(["--update"] if update else []), "-m", "not slow")
+    assert code == status
+    steps = [next(i for i, c in enumerate(calls) if c.startswith(prefix)) for prefix in (
+        "pip install --quiet --upgrade --upgrade-strategy eager", "python .ci/versions.py diff",
+        "python -m pytest -q -m not slow")]
+    assert steps == sorted(steps), calls
     # the eager upgrade keeps the torch installed first (it would otherwise take the newest, a CUDA build)
-    assert re.search(r'--upgrade-strategy eager -e "\.\[dev\]" -c "\$keep_torch"', script)
+    eager = next(c for c in calls if "--upgrade-strategy eager" in c)
+    assert eager.split()[-2:][0] == "-c" and calls.index(eager) > calls.index("pip install --quiet torch==2.13.0")
+    assert ("python .ci/versions.py write constraints.txt" in calls) is writes, calls
 
 
 def test_differences_name_each_changed_added_and_removed_version(tmp_path):

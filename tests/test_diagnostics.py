@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from llava_normaligned.diagnostics import DiagnoseConfig, main
+from llava_normaligned.commands.diagnose import main
+from llava_normaligned.diagnostics import DiagnoseConfig
 from llava_normaligned.diagnostics.default_inputs import (
     SCENES,
     default_images_dir,

@@ -12,7 +12,7 @@ import statistics
 import pytest
 import torch
 
-from llava_normaligned.diagnostics import main
+from llava_normaligned.commands.diagnose import main
 from llava_normaligned.diagnostics.readings import BLOG_TABLES, RULES, directions
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -421,7 +421,7 @@ def test_diagnose_never_decodes_a_placeholder(rigged_dir, tmp_path):
 
 
 def test_generate_never_decodes_a_placeholder(rigged_dir, image_file, generated, capsys):
-    from llava_normaligned.serving.generate import main as generate_main
+    from llava_normaligned.commands.generate import main as generate_main
 
     assert generate_main([rigged_dir, "--image", image_file, "--prompt", "what is it?", "--max-new-tokens", "4",
                           "--device", "cpu"]) == 0
@@ -429,7 +429,7 @@ def test_generate_never_decodes_a_placeholder(rigged_dir, image_file, generated,
 
 
 def test_eval_never_decodes_a_placeholder(rigged_dir, generated, tmp_path):
-    from llava_normaligned.evaluation.cli import main as eval_main
+    from llava_normaligned.commands.eval import main as eval_main
     from tests.support import eval_fixtures
 
     data = eval_fixtures.write_all(str(tmp_path / "bench"))

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from llava_normaligned.cli import main as cli_main
-from llava_normaligned.evaluation.cli import main
+from llava_normaligned.commands.eval import main
 from tests.support import eval_fixtures
 
 FAST = ["--max-new-tokens", "3", "--batch-size", "2"]

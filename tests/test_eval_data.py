@@ -161,7 +161,7 @@ def test_whole_hub_repo_download_reads_the_config_folder_only(tmp_path):
 
 
 def test_save_data_writes_copies_an_offline_machine_can_read(data_dir, tmp_path, capsys):
-    from llava_normaligned.evaluation.cli import main
+    from llava_normaligned.commands.eval import main
 
     saved = str(tmp_path / "saved")
     assert main(["--tasks", "pope,mmlu,synthetic", "--data-dir", data_dir, "--save-data", saved]) == 0

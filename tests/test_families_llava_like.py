@@ -17,7 +17,8 @@ import os
 import pytest
 import torch
 
-from llava_normaligned.diagnostics import DiagnoseConfig, main
+from llava_normaligned.commands.diagnose import main
+from llava_normaligned.diagnostics import DiagnoseConfig
 from llava_normaligned.diagnostics.default_inputs import default_images_dir, default_prompts_file
 from llava_normaligned.diagnostics.inputs import list_images, load_prompts, pair_samples
 from llava_normaligned.tiny import (

@@ -15,7 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from llava_normaligned.diagnostics import DiagnoseConfig, main, passes
+from llava_normaligned.commands.diagnose import main
+from llava_normaligned.diagnostics import DiagnoseConfig, passes
 from llava_normaligned.diagnostics.default_inputs import default_images_dir, default_prompts_file
 from llava_normaligned.diagnostics.inputs import format_prompt, list_images, load_prompts, make_batches, pair_samples
 from llava_normaligned.diagnostics.runner import probe_model

@@ -11,10 +11,10 @@ import shutil
 import pytest
 from PIL import Image
 
-from llava_normaligned.serving.generate import main as generate_main
+from llava_normaligned.commands.generate import main as generate_main
 from llava_normaligned.trainer.data import DataError, load_llava_json
-from llava_normaligned.trainer.rl_data import main as rl_data_main
-from llava_normaligned.trainer.train import main as train_main
+from llava_normaligned.commands.rl_data import main as rl_data_main
+from llava_normaligned.commands.train import main as train_main
 from tests.support.training import write_llava_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")

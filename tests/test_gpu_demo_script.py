@@ -28,7 +28,7 @@ def test_help_and_bad_arguments():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_without_a_gpu_it_stops_in_one_line(tmp_path):
-    from llava_normaligned.demo.run import config_from_args, make_parser
+    from llava_normaligned.commands.demo import config_from_args, make_parser
 
     done = _run("--output-dir", str(tmp_path / "out"))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

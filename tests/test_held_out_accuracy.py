@@ -90,7 +90,7 @@ def test_readings_before_training_and_every_n_steps_reach_the_logs_and_the_file(
 
 
 def test_train_takes_the_held_out_flags_and_refuses_a_missing_file(tiny_model_dir, data, tmp_path, capsys):
-    from llava_normaligned.trainer.train import main
+    from llava_normaligned.commands.train import main
 
     path, images = data
     fast = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",

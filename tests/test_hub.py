@@ -28,7 +28,8 @@ from transformers import AutoProcessor
 
 from llava_normaligned.hub_cards import selfcheck
 from llava_normaligned.hub_cards.card import CardOptions
-from llava_normaligned.hub_cards.push import PullError, PushError, pull, push, push_main
+from llava_normaligned.commands.push import main as push_main
+from llava_normaligned.hub_cards.push import PullError, PushError, pull, push
 from llava_normaligned.hub_cards.selfcheck import (
     LocalPathError,
     SelfCheckError,

@@ -24,7 +24,7 @@ from llava_normaligned.loading import (
     resolve_device,
     verify_quantization,
 )
-from llava_normaligned.serving.generate import main
+from llava_normaligned.commands.generate import main
 from tests.support.hub_server import HubServer
 from tests.support.isolation import run_isolated
 from tests.support.numerics import F32_EPS, assert_close_scaled
@@ -341,7 +341,7 @@ def test_missing_bitsandbytes_is_a_clear_error(tiny_model_dir, images, tmp_path)
         import sys
         sys.modules["bitsandbytes"] = None  # makes `import bitsandbytes` raise ImportError
         from llava_normaligned.loading import load_model
-        from llava_normaligned.serving.generate import main
+        from llava_normaligned.commands.generate import main
         try:
             load_model({tiny_model_dir!r}, quantization="4bit", device="cpu")
         except ImportError as error:
@@ -428,7 +428,7 @@ try:
 except OSError as error:
     print("mistyped:", error)
 logging.getLogger("llava_normaligned.loading").removeHandler(keep)  # as in a plain CLI run
-from llava_normaligned.serving.generate import main
+from llava_normaligned.commands.generate import main
 code = main([repo, "--trust-remote-code", "--image", image, "--prompt", "hi", "--max-new-tokens", "2", "--device",
              "cpu", "--quiet"])
 print("cli:", code)

@@ -1,4 +1,4 @@
-"""The row-by-row JSON reader of ``load_llava_json`` (``trainer/data/llava_json.py: _iter_json_rows``, ijson's C backend): the
+"""The row-by-row JSON reader of ``load_llava_json`` (``trainer/data/llava_json.py: iter_json_rows``, ijson's C backend): the
 same rows as ``json.loads`` for every way a list can be laid out and cut into pieces, the whole-file error for anything
 else, and memory that does not hold every row's objects at once."""
 
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from llava_normaligned.trainer.data import DataError
-from llava_normaligned.trainer.data.llava_json import JSON_BUFFER, _iter_json_rows, _parse_json_rows_whole
+from llava_normaligned.trainer.data.llava_json import JSON_BUFFER, iter_json_rows, parse_json_rows_whole
 
 TRICKY = [
     {"id": "a", "conversations": [{"from": "human", "value": "brackets ] [ } { and \"quotes\", commas, \\\\"}]},
@@ -46,7 +46,7 @@ def test_rows_equal_json_loads_for_every_piece_size(tmp_path, layout, block):
     text = {"compact": json.dumps(rows, separators=(",", ":")), "indented": json.dumps(rows, indent=2),
             "spaced": " \n\t[ " + " ,\r\n ".join(json.dumps(r, ensure_ascii=False) for r in rows) + " ] \n\n"}[layout]
     path = _write(tmp_path, "rows.json", text)
-    assert list(_iter_json_rows(path, block=block)) == json.loads(text)
+    assert list(iter_json_rows(path, block=block)) == json.loads(text)
 
 
 @pytest.mark.parametrize("text", ["[]", " [ ] ", "[\n]\n", "[0]", "[ 7 ]", '["x"]', " " * 5000 + "[1, 2]",
@@ -54,15 +54,15 @@ def test_rows_equal_json_loads_for_every_piece_size(tmp_path, layout, block):
 @pytest.mark.parametrize("block", [1, 3, 1 << 20])
 def test_small_lists(tmp_path, text, block):
     path = _write(tmp_path, "rows.json", text)
-    assert list(_iter_json_rows(path, block=block)) == json.loads(text)
+    assert list(iter_json_rows(path, block=block)) == json.loads(text)
 
 
 def test_byte_order_mark_and_utf16(tmp_path):
     rows = [{"id": "\u00e9"}, {"id": "2"}]
     bom = _write(tmp_path, "bom.json", codecs.BOM_UTF8 + json.dumps(rows).encode("utf-8"))
-    assert list(_iter_json_rows(bom, block=2)) == rows
+    assert list(iter_json_rows(bom, block=2)) == rows
     utf16 = _write(tmp_path, "utf16.json", json.dumps(rows).encode("utf-16"))
-    assert list(_iter_json_rows(utf16, block=2)) == rows
+    assert list(iter_json_rows(utf16, block=2)) == rows
 
 
 @pytest.mark.parametrize("text, why", [
@@ -82,9 +82,9 @@ def test_byte_order_mark_and_utf16(tmp_path):
 def test_bad_files_give_the_whole_file_error(tmp_path, text, why, block):
     path = _write(tmp_path, "bad.json", text)
     with pytest.raises(DataError) as streamed:
-        list(_iter_json_rows(path, block=block))
+        list(iter_json_rows(path, block=block))
     with pytest.raises(DataError) as whole:
-        _parse_json_rows_whole(path)
+        parse_json_rows_whole(path)
     assert str(streamed.value) == str(whole.value), why
     assert path in str(streamed.value)
 
@@ -92,16 +92,16 @@ def test_bad_files_give_the_whole_file_error(tmp_path, text, why, block):
 def test_invalid_utf8_is_named(tmp_path):
     path = _write(tmp_path, "bad.json", b'[{"a": "\xff\xfe"}]')
     with pytest.raises(DataError, match="not valid JSON"):
-        list(_iter_json_rows(path, block=3))
+        list(iter_json_rows(path, block=3))
 
 
 def test_jsonl_lines_and_their_errors(tmp_path):
     rows = [{"id": str(k)} for k in range(5)]
     path = _write(tmp_path, "rows.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n")
-    assert list(_iter_json_rows(path)) == rows
+    assert list(iter_json_rows(path)) == rows
     bad = _write(tmp_path, "bad.jsonl", '{"id": 1}\n{"id": \n')
     with pytest.raises(DataError, match=r"bad\.jsonl, line 2: not valid JSON"):
-        list(_iter_json_rows(bad))
+        list(iter_json_rows(bad))
 
 
 def test_memory_holds_rows_one_at_a_time(tmp_path):
@@ -119,12 +119,12 @@ def test_memory_holds_rows_one_at_a_time(tmp_path):
     size_mib = os.path.getsize(path) / 2**20
     probe = textwrap.dedent(f"""
         import json, sys, tracemalloc
-        from llava_normaligned.trainer.data.llava_json import _iter_json_rows
+        from llava_normaligned.trainer.data.llava_json import iter_json_rows
         tracemalloc.start()
         if sys.argv[1] == "whole":
             n = len(json.loads(open({str(path)!r}, "rb").read()))
         else:
-            n = sum(1 for _ in _iter_json_rows({str(path)!r}))
+            n = sum(1 for _ in iter_json_rows({str(path)!r}))
         print(n, tracemalloc.get_traced_memory()[1] / 2**20)
     """)
     peak = {}

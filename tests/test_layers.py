@@ -80,6 +80,8 @@ def test_the_copy_is_what_python_imports(tree):
         ("llava_normaligned/trainer/sampling.py", "from llava_normaligned.evaluation import scoring", "layers"),  # app -> app
         ("llava_normaligned/families/anatomy.py", "from llava_normaligned import console", "layers"),  # families -> core
         ("llava_normaligned/console/errors.py", "from llava_normaligned import cli", "layers"),  # library -> the console entry
+        ("llava_normaligned/trainer/train.py", "from llava_normaligned.commands import train", "layers"),  # library -> a command
+        ("llava_normaligned/demo/run.py", "from llava_normaligned.commands import demo", "layers"),  # the demo -> its command
         ("modeling_llava_normaligned/configuration_llava_normaligned.py", "import llava_normaligned", "model"),
         ("modeling_llava_normaligned/modeling_llava_normaligned.py", "import scipy", "model_allow_list"),
         ("modeling_llava_normaligned/configuration_normaligned_vlm.py", "import huggingface_hub", "model_allow_list"),

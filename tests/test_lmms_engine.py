@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llava_normaligned.evaluation.cli import main
+from llava_normaligned.commands.eval import main
 from llava_normaligned.evaluation.lmms_engine import LMMS_TASKS, model_args, task_entry
 from llava_normaligned.evaluation.report import ResultsWriter, table_markdown
 from llava_normaligned.evaluation.runner import EvalConfig

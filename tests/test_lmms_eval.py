@@ -89,7 +89,7 @@ def test_engine_lmms_eval_offline_matches_own_harness(lmms_python, tiny_model_di
     """One real lmms-eval run (through `eval --engine lmms-eval`) against the package's own harness on the same rows:
     every answer is the same string, every log-likelihood the same number, every score the same; results.md has the
     Table 4 row with deltas against the own harness's run."""
-    from llava_normaligned.evaluation.cli import main
+    from llava_normaligned.commands.eval import main
 
     data_dir, hf_home = tmp_path / "data", tmp_path / "hf"
     for task in TASKS:
@@ -191,7 +191,7 @@ FIXED = {
 def test_scores_agree_on_the_same_answers(lmms_python, tiny_model_dir, tmp_path, monkeypatch):
     """Same rows, same answers: lmms-eval's scoring and the own harness's give the same numbers (the own POPE
     headline, which also counts unparsed answers to "yes" questions as misses, is lower by design)."""
-    from llava_normaligned.evaluation.cli import main
+    from llava_normaligned.commands.eval import main
 
     data_dir, hf_home = tmp_path / "data", tmp_path / "hf"
     for task in TASKS:

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from llava_normaligned.cli import COMMANDS
+from llava_normaligned.commands import COMMANDS, module_name
 from llava_normaligned.console import BadInput
 from llava_normaligned.loading import (
     DTYPE_DEFAULT,
@@ -31,7 +31,7 @@ SHARED_FLAGS = ("--revision", "--device", "--dtype", "--trust-remote-code", "--n
 
 
 def _parser(name: str) -> argparse.ArgumentParser:
-    module = importlib.import_module(COMMANDS[name][0])
+    module = importlib.import_module(module_name(name))
     makers = [attr for attr in dir(module) if attr.startswith("make") and attr.endswith("parser")]
     assert len(makers) == 1, (name, makers)
     return getattr(module, makers[0])()
@@ -43,7 +43,7 @@ def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
 
 def test_the_loading_commands_are_all_there():
     assert set(LOADING_COMMANDS) <= set(COMMANDS)
-    assert COMMANDS["generate"][0] == "llava_normaligned.serving.generate"
+    assert module_name("generate") == "llava_normaligned.commands.generate"
 
 
 @pytest.mark.parametrize("name", list(LOADING_COMMANDS))
@@ -193,7 +193,7 @@ def test_train_configuration_is_built_once_and_only_read(tiny_model_dir, tiny_pr
 
 
 def test_train_logs_its_configuration_once(tiny_model_dir, tmp_path, caplog):
-    from llava_normaligned.trainer.train import main
+    from llava_normaligned.commands.train import main
 
     path, images = write_llava_dataset(tmp_path / "data", n_rows=4, text_only=0)
     with caplog.at_level(logging.INFO):

@@ -14,7 +14,8 @@ import pytest
 
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.hub_cards.card import CardOptions, render_card
-from llava_normaligned.hub_cards.push import push, push_main
+from llava_normaligned.commands.push import main as push_main
+from llava_normaligned.hub_cards.push import push
 from llava_normaligned.hub_cards.selfcheck import LocalPathError, plan_upload, safetensors_header, self_check
 from llava_normaligned.local_paths import hide_local_paths, is_hub_id, local_paths_in, public_name, public_record
 from llava_normaligned.trainer.data import default_cache_dir

@@ -114,4 +114,4 @@ def test_the_24gb_recipes_fit_and_full_stage_2_does_not(paper):
 def test_the_docs_table_is_the_code_s_own():
     docs = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "training.md")
     with open(docs, encoding="utf-8") as handle:
-        assert card_table().strip() in handle.read(), "regenerate with `python -m llava_normaligned.diagnostics.memory`"
+        assert card_table().strip() in handle.read(), "regenerate with `python .ci/doc_tables.py`"

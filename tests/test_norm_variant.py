@@ -125,7 +125,8 @@ def test_compose_and_convert_flags_parse_into_a_variant():
 
 
 def test_compose_convert_and_train_offer_the_same_options():
-    from llava_normaligned.assembly.commands import make_compose_parser, make_convert_parser
+    from llava_normaligned.commands.compose import make_parser as make_compose_parser
+    from llava_normaligned.commands.convert import make_parser as make_convert_parser
     from llava_normaligned.trainer.arguments import StageArguments, make_parser
 
     for parser in (make_compose_parser(), make_convert_parser(), make_parser()):
@@ -158,7 +159,8 @@ def test_train_stage1_composes_with_every_norm_option(tiny_parts, tmp_path, how)
     composes for stage 1 and saves, with the other options given."""
     import json
 
-    from llava_normaligned.trainer.train import SUMMARY_FILE, main
+    from llava_normaligned.commands.train import main
+    from llava_normaligned.trainer.train import SUMMARY_FILE
 
     if how == "flag":
         extra = ["--norm-init", "default", "--gradient-compensation", "False", "--gradient-compensation-min", "0.02"]
@@ -175,7 +177,7 @@ def test_train_stage1_composes_with_every_norm_option(tiny_parts, tmp_path, how)
 
 
 def test_train_refuses_a_bad_variant_by_its_option(tiny_parts, tmp_path, capsys):
-    from llava_normaligned.trainer.train import main
+    from llava_normaligned.commands.train import main
 
     assert main(_stage1(tiny_parts, tmp_path, "--gradient-compensation-min", "0")) == 2
     assert "--gradient-compensation-min" in capsys.readouterr().err

@@ -10,11 +10,13 @@ import pytest
 from llava_normaligned.loading import load_model
 from llava_normaligned.trainer.padding_free import PACKED_SDPA, check_padding_free
 from tests.support.packing import (
+    VARLEN,
     aligned_folders,
     assert_packed_trains_as_padded,
     group_agreement,
     loss_and_grads,
     padded_and_packed,
+    set_attention,
 )
 from tests.support.training import write_llava_dataset
 
@@ -33,12 +35,13 @@ def data(tmp_path_factory):
                                multi_turn_every=2)
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa", PACKED_SDPA])
+@pytest.mark.parametrize("attn", ["eager", "sdpa", PACKED_SDPA, VARLEN])
 @pytest.mark.parametrize("family", PACKED)
 def test_the_packed_batch_gives_the_padded_loss_and_every_group_s_gradient(family, attn, folders, data):
+    """``VARLEN``: the rows flash attention's variable-length path would find in what the layers receive."""
     model, processor = load_model(folders[family], for_training=True)
     check_padding_free(model)
-    model.set_attn_implementation({"text_config": "sdpa" if attn == PACKED_SDPA else attn})
+    set_attention(model, attn)
     padded, packed = padded_and_packed(model, processor, data)
     assert len(set(padded["attention_mask"].sum(1).tolist())) > 1 and packed["input_ids"].shape[0] == 1
     assert_packed_trains_as_padded(model, padded, packed, row_by_row=attn == PACKED_SDPA,

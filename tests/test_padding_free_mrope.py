@@ -17,7 +17,13 @@ from llava_normaligned.trainer.padding_free import (
     multimodal_positions,
     row_bounds,
 )
-from tests.support.packing import aligned_folders, assert_packed_trains_as_padded, padded_and_packed
+from tests.support.packing import (
+    VARLEN,
+    aligned_folders,
+    assert_packed_trains_as_padded,
+    padded_and_packed,
+    set_attention,
+)
 from tests.support.training import write_llava_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,12 +42,13 @@ def data(tmp_path_factory):
     return write_llava_dataset(tmp_path_factory.mktemp("mrope_data"), n_rows=5, text_only=2, multi_turn_every=2)
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa", PACKED_SDPA])
+@pytest.mark.parametrize("attn", ["eager", "sdpa", PACKED_SDPA, VARLEN])
 @pytest.mark.parametrize("family", [*FAMILIES, "stock_qwen2_vl"])
 def test_the_packed_batch_gives_the_padded_loss_and_every_group_s_gradient(family, attn, folders, data):
+    """``VARLEN``: the rows flash attention's variable-length path would find in what the layers receive."""
     model, processor = load_model(folders[family], for_training=True)
     check_padding_free(model)
-    model.set_attn_implementation({"text_config": "sdpa" if attn == PACKED_SDPA else attn})
+    set_attention(model, attn)
     padded, packed = padded_and_packed(model, processor, data)
     assert packed["input_ids"].shape[0] == 1 and packed["position_ids"].shape == packed["input_ids"].shape
     lengths = padded["attention_mask"].sum(1).tolist()

@@ -26,8 +26,7 @@ def test_paper_scale_runs_tiny_on_cpu(tmp_path, monkeypatch):
                              "--rows", "8", "--zero2", "--json", str(out)])
     result = json.loads(out.read_text())
     assert code == 0, json.dumps(result)[-3000:]
-    assert result["shape"] == "tiny widths" and result["machine"]["cpu_flags"] is not None
-    assert list(result["stages"]) == ["2"]
+    assert result["machine"]["cpu_flags"] is not None
     for stage, how in (("2", "LoRA rank 16"),):
         entry = result["stages"][stage]
         assert entry["how"] == how and entry["tokens_per_row"] > 729

@@ -22,7 +22,7 @@ def test_no_private_reach_outside_compat():
         ("llava_normaligned/loading.py", "def f(model):\n    return model._orig_mod", "._orig_mod"),
         ("trainer/train.py", "def f(trainer):\n    return getattr(trainer, '_load_rng_state')", "_load_rng_state"),
         ("llava_normaligned/diagnostics/taps.py", "from transformers.trainer import _is_peft_model", "_is_peft_model"),
-        ("llava_normaligned/serving/generate.py", "import torch._dynamo", "import torch._dynamo"),
+        ("llava_normaligned/commands/generate.py", "import torch._dynamo", "import torch._dynamo"),
         ("hub_cards/card.py", "def f(module, cls):\n    module.__class__ = cls", "assigns __class__"),
         ("modeling_llava_normaligned/modeling_normaligned_vlm.py", "def f(p):\n    return p._is_hf_initialized",
          "._is_hf_initialized"),

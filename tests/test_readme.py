@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llava_normaligned.cli import COMMANDS
+from llava_normaligned.commands import COMMANDS, module_name
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -52,7 +52,7 @@ def test_readme_cli_calls_name_real_commands_and_flags(call):
 
         parse_train_args(args)
         return
-    module = importlib.import_module(COMMANDS[name][0])
+    module = importlib.import_module(module_name(name))
     parsers = [getattr(module, attr)() for attr in dir(module) if attr.startswith("make") and attr.endswith("parser")]
     known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
     assert known, f"no parser found for `llava-normaligned {name}`"
@@ -63,10 +63,10 @@ def test_readme_cli_calls_name_real_commands_and_flags(call):
 def test_readme_memory_table_is_the_code_s_own_estimate():
     from llava_normaligned.diagnostics.memory import reference_table, time_table, training_table
 
-    assert reference_table().strip() in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
-    assert time_table().strip() in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
+    assert reference_table().strip() in README, "regenerate with `python .ci/doc_tables.py`"
+    assert time_table().strip() in README, "regenerate with `python .ci/doc_tables.py`"
     indented = "\n".join("  " + line for line in training_table().splitlines())  # inside a list item
-    assert indented in README, "regenerate with `python -m llava_normaligned.diagnostics.memory`"
+    assert indented in README, "regenerate with `python .ci/doc_tables.py`"
 
 
 # ------------------------------------------------------------------------------ stated durations, from one record
@@ -105,7 +105,7 @@ def test_durations_are_stated_as_the_measured_record_says(path):
 
 
 def test_demo_help_states_the_recorded_times():
-    from llava_normaligned.demo.run import make_parser
+    from llava_normaligned.commands.demo import make_parser
     from llava_normaligned.timings import stated
 
     text = " ".join(make_parser().format_help().split())

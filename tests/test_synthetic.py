@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 import pytest
 from PIL import Image
 
+from llava_normaligned.commands.make_data import main as make_data_main
 from llava_normaligned.demo import synthetic
 
 SMALL = {"train_per_template": 32, "test_per_template": 16}
@@ -156,13 +157,13 @@ def test_blank_image_is_the_background():
 
 def test_cli_writes_the_dataset_and_refuses_a_used_folder(tmp_path, capsys):
     out = tmp_path / "shapes"
-    assert synthetic.main(["--output-dir", str(out), "--train-per-template", "16", "--test-per-template", "16",
+    assert make_data_main(["--output-dir", str(out), "--train-per-template", "16", "--test-per-template", "16",
                            "--no-progress"]) == 0
     assert "instruct.json" in capsys.readouterr().out
     info = json.loads((out / "dataset_info.json").read_text())
     assert info["rows"] == {"pretrain": 80, "instruct": 80, "test": 80}
     before = _digest_tree(out)
-    assert synthetic.main(["--output-dir", str(out), "--no-progress"]) == 2
+    assert make_data_main(["--output-dir", str(out), "--no-progress"]) == 2
     assert "not empty" in capsys.readouterr().err
     assert _digest_tree(out) == before  # nothing overwritten
     assert [p.name for p in tmp_path.iterdir()] == ["shapes"]  # no staging folder left behind

@@ -153,7 +153,7 @@ def _summary(folder):
 @pytest.fixture(scope="module")
 def one_process(ramp_model_dir, two_rows, tmp_path_factory):
     """The reference: each stage in one process with both rows in one batch of 2."""
-    from llava_normaligned.trainer.train import main
+    from llava_normaligned.commands.train import main
 
     runs = {}
     for stage in (1, 2):

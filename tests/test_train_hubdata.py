@@ -77,7 +77,7 @@ def test_train_on_the_hub_format_parquet_folder(hub_folder, tiny_parts, tmp_path
     """``train --dataset-name FOLDER`` on the Hub's schema: stage 1 drops the text-only rows, trains 2 steps."""
     import datasets
 
-    from llava_normaligned.trainer.train import main
+    from llava_normaligned.commands.train import main
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))  # train's caches
     vision, text = tiny_parts

@@ -86,7 +86,7 @@ def test_train_cli_qlora_with_merged_output(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    from llava_normaligned.trainer.train import main
+    from llava_normaligned.commands.train import main
 
     path, images = write_llava_dataset(tmp_path / "data", n_rows=8, text_only=0)
     out = tmp_path / "qlora"

@@ -284,7 +284,7 @@ def _children(pid: int) -> list[int]:
 def test_enable_jit_checkpoint_is_refused_as_bad_input(tiny_model_dir, data, tmp_path, capsys):
     """transformers' SIGTERM checkpoint would run a second handler next to train's: one line naming the flag, exit
     code 2, before anything is loaded."""
-    from llava_normaligned.trainer.train import main
+    from llava_normaligned.commands.train import main
 
     out = tmp_path / "run"
     rc = main(_train_args(tiny_model_dir, data, out, save_steps=1, max_steps=2)[1:] + ["--enable_jit_checkpoint", "True"])

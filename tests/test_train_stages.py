@@ -245,8 +245,6 @@ def test_the_stage_trainer_overrides_no_private_trainer_method():
     assert LlavaStageTrainer.__mro__.index(TrainerHooks) < LlavaStageTrainer.__mro__.index(SFTTrainer)
     assert {"_load_optimizer_and_scheduler", "_get_train_sampler"} == {
         name for name in vars(TrainerHooks) if name.startswith("_") and not name.startswith("__")}
-    assert {"training_step", "compute_loss", "log", "create_optimizer", "save_model", "train_sampler",
-            "resume_scheduler_only"} <= set(vars(LlavaStageTrainer))
 
 
 def test_part_gradient_norms_are_read_after_the_last_accumulated_micro_batch(tiny_model, tiny_processor, dataset,
@@ -329,3 +327,22 @@ def test_chat_template_path_is_used_for_training_and_saved(tiny_model, tiny_proc
     batch = LlavaTrainingCollator(tiny_processor)([result.trainer.train_dataset[0]])
     labels = batch["labels"][0]
     assert tiny_processor.tokenizer.decode(batch["input_ids"][0][labels != -100]).endswith("<|eot_id|>")
+
+
+def test_stage2_after_stage1_in_one_process_runs_in_the_precision_its_arguments_ask(tiny_model, tiny_processor,
+                                                                                     dataset, tmp_path):
+    """Stage 1 then stage 2 on the same model object (the demo, the Python API): the second Trainer prepares the model
+    anew, so bf16 autocast is on in stage 2 as in stage 1 (accelerate had marked the model prepared, and stage 2 ran
+    in float32, 1.7x slower a step on a CPU with AMX). The model returned runs its own forward."""
+    seen: list[bool] = []
+    layer = tiny_model.model.language_model.layers[0]
+    hook = layer.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cpu")))
+    try:
+        for stage in (1, 2):
+            seen.clear()
+            result = train_stage(tiny_model, tiny_processor, dataset, stage=StageConfig(stage, save_final=False),
+                                 args=cpu_config(tmp_path / f"stage{stage}", bf16=True, max_steps=2))
+            assert seen and all(seen), (stage, seen)
+    finally:
+        hook.remove()
+    assert result.model is tiny_model and "forward" not in vars(tiny_model)

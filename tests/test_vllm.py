@@ -131,7 +131,7 @@ def test_vllm_offline_matches_transformers(vllm_python, serve_checkpoint, transf
     model_dir, image = serve_checkpoint
     ref = transformers_reference
     out = tmp_path / "vllm.json"
-    cmd = [str(vllm_python), "-m", "llava_normaligned.serving.vllm_check", str(model_dir), "--image", str(image),
+    cmd = [str(vllm_python), "-m", "llava_normaligned.commands.vllm_check", str(model_dir), "--image", str(image),
            "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS), "--dtype", "float32", "--kv-cache-mib", "64",
            "--suppress-token-id", str(ref["image_token"]), "--output", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_vllm_env(), timeout=900, stdin=subprocess.DEVNULL)
@@ -256,7 +256,7 @@ def test_vllm_serve_answers_chat_with_an_image(vllm_python, serve_checkpoint, tr
 def _build_only(vllm_python: Path, model_dir: Path, tmp_path: Path, *extra: str) -> dict:
     """The model vLLM builds for a checkpoint and options (no weights, no kernels), as recorded by vllm_check."""
     out = tmp_path / "anatomy.json"
-    cmd = [str(vllm_python), "-m", "llava_normaligned.serving.vllm_check", str(model_dir), "--init-only",
+    cmd = [str(vllm_python), "-m", "llava_normaligned.commands.vllm_check", str(model_dir), "--init-only",
            "--output", str(out), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_vllm_env(), timeout=900, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-4000:]

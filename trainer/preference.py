@@ -1,5 +1,7 @@
-"""``llava-normaligned dpo | grpo | kto``: TRL's own ``trl dpo``, ``trl grpo`` and ``trl kto`` scripts, flag for flag,
-with the norm tracked.
+"""What ``llava-normaligned dpo | grpo | kto`` run: TRL's own ``trl dpo``, ``trl grpo`` and ``trl kto`` scripts, flag
+for flag, with the norm tracked. The commands are ``llava_normaligned.commands.{dpo,grpo,kto}``; their shared parser
+and run (the one-line errors, the exit codes, the clean-up) are ``commands.trl_script``'s; this module holds what they
+build and run.
 
 Each command parses its arguments with the dataclasses of TRL's script (``trl/scripts/{dpo,grpo,kto}.py``:
 ``ScriptArguments`` or ``GRPOScriptArguments``, the trainer's config, ``ModelConfig``, ``DatasetMixtureConfig``) and
@@ -34,18 +36,8 @@ import logging
 import os
 import sys
 
-from llava_normaligned.console import (
-    INTERRUPTED,
-    TERMINATED,
-    BadInput,
-    OneLineUsageErrors,
-    arguments_accepted,
-    check_output_folder,
-    fail,
-    keep_notices_of,
-    removed_unless_kept,
-)
-from llava_normaligned.loading import check_source, looks_like_path, register_local_model
+from llava_normaligned.console import BadInput, check_output_folder
+from llava_normaligned.loading import check_source, looks_like_path
 
 logger = logging.getLogger(__name__)
 
@@ -57,52 +49,12 @@ TRAINERS = {
 }
 
 
-def _trl_script(kind: str):
+def trl_script(kind: str):
+    """TRL's script module of ``kind`` (``trl.scripts.dpo``, ...)."""
     return importlib.import_module(f"trl.scripts.{kind}")
 
 
-def script_parser(kind: str):
-    """The parser of ``llava-normaligned KIND``: TRL's script's dataclasses, ``--config``, one-line usage errors."""
-    from trl import TrlParser
-
-    from .arguments import HelpFormatter, describe_negations
-
-    class ScriptParser(OneLineUsageErrors, TrlParser):
-        """TRL's parser with one-line usage errors."""
-
-    types = _trl_script(kind).make_parser().dataclass_types
-    parser = ScriptParser(
-        types, formatter_class=HelpFormatter, prog=f"llava-normaligned {kind}",
-        description=f"TRL's `trl {kind}` script, flag for flag (--config RECIPE.yaml too), with the norm tracked "
-        "(norm/* in the logs, norm_tracking.json), this package's model classes installed, SIGTERM checkpoints"
-        + (" and --reward_funcs exact_answer." if kind == "grpo" else "."),
-    )
-    describe_negations(parser)
-    return parser
-
-
-def make_dpo_parser():
-    return script_parser("dpo")
-
-
-def make_grpo_parser():
-    return script_parser("grpo")
-
-
-def make_kto_parser():
-    return script_parser("kto")
-
-
 # ------------------------------------------------------------------------------------------------ arguments
-
-
-def read_script_args(kind: str, argv: list[str]):
-    """Parse, as ``train``'s ``read_train_args`` does: argv and its ``--config`` recipes (files, or the names of
-    recipes shipped in ``trainer/recipes/``) -> a ``TrainRequest`` (an argparse namespace of every field, the recipes'
-    ``env:`` keys, whether ``--bf16`` was on the command line). An unknown flag is a usage error (one line)."""
-    from .arguments import read_request
-
-    return read_request(list(argv), script_parser(kind), f"a field of `trl {kind}`")
 
 
 def build_script_args(kind: str, request):
@@ -119,7 +71,7 @@ def build_script_args(kind: str, request):
     values = {**vars(namespace), **hardware_settings(namespace, bf16_asked=request.bf16_asked),
               "model_init_kwargs": init}
     built = []
-    for dataclass_type in _trl_script(kind).make_parser().dataclass_types:
+    for dataclass_type in trl_script(kind).make_parser().dataclass_types:
         names = {f.name for f in dataclasses.fields(dataclass_type) if f.init}
         built.append(dataclass_type(**{k: v for k, v in values.items() if k in names}))
     return tuple(built)
@@ -227,7 +179,7 @@ def build_trainer(kind: str, script_args, training_args, model_args, dataset, re
     )
 
 
-def _train_and_save(kind, trainer, script_args, sigterm):
+def train_and_save(kind, trainer, script_args, sigterm):
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
     from .callbacks import Terminated
@@ -243,79 +195,13 @@ def _train_and_save(kind, trainer, script_args, sigterm):
     trainer.end()  # the trackers finish, the process group goes (transformers >= 5.18)
 
 
-def run_script(kind: str, argv: list[str] | None = None) -> int:
-    """``llava-normaligned KIND``: parse and check (bad input: one line, exit code 2), then TRL's script with the
-    norm tracked (module docstring). Returns the exit code."""
-    from .arguments import earlier_run, setup_environment
-    from .train import stopped_message
-
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        request = read_script_args(kind, argv)  # parse
-        keep_notices_of(request.recipe_keys)  # the recipes' own settings' notices are the user's
-        setup_environment(request.environment, request.namespace)  # the recipes' env: keys; before the devices
-        script_args, training_args, model_args, dataset_args = build_script_args(kind, request)
-        check_script_inputs(kind, script_args, training_args, model_args, dataset_args)
-        rewards = reward_functions(script_args.reward_funcs) if kind == "grpo" else None
-        if kind == "grpo" and script_args.reward_model_name_or_path:
-            rewards.insert(0, script_args.reward_model_name_or_path)
-        dataset = load_script_dataset(script_args, dataset_args, TRAINERS[kind][1],
-                                      evaluates=training_args.eval_strategy != "no")  # its columns are input too
-    except (BadInput, ValueError, FileNotFoundError) as err:
-        return fail(kind, err)
-    arguments_accepted()
-    register_local_model()
-
-    from .callbacks import NormTrackingCallback, SigtermCheckpoint, Terminated
-
-    norm, sigterm = NormTrackingCallback(), SigtermCheckpoint()
-    sigterm.hold_back(norm)
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    trainer = None
-    try:
-        with removed_unless_kept(training_args.output_dir,
-                                 keep=lambda folder: not main_process or bool(earlier_run(folder))) as output, \
-                sigterm.handling():
-            trainer = build_trainer(kind, script_args, training_args, model_args, dataset, rewards, [norm, sigterm])
-            _train_and_save(kind, trainer, script_args, sigterm)
-    except KeyboardInterrupt:
-        return fail(kind, stopped_message(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)
-    except Terminated as stopped:
-        return fail(kind, stopped_message(output, "terminated (SIGTERM)", stopped.checkpoint), code=TERMINATED)
-    if trainer.is_world_process_zero():
-        history = [e for e in trainer.state.log_history if "norm/vision_text_ratio" in e]
-        ratio = history[-1]["norm/vision_text_ratio"] if history else float("nan")
-        loss = next((e["train_loss"] for e in reversed(trainer.state.log_history) if "train_loss" in e), float("nan"))
-        print(f"{kind} done: {training_args.output_dir} (train_loss {loss:.4f}, vision/text norm ratio at the end "
-              f"{ratio:.3g})")
-    return 0
-
-
-def dpo_main(argv: list[str] | None = None) -> int:
-    return run_script("dpo", argv)
-
-
-def grpo_main(argv: list[str] | None = None) -> int:
-    return run_script("grpo", argv)
-
-
-def kto_main(argv: list[str] | None = None) -> int:
-    return run_script("kto", argv)
-
-
 __all__ = [
     "TRAINERS",
     "build_script_args",
+    "build_trainer",
     "check_script_inputs",
-    "dpo_main",
-    "grpo_main",
-    "kto_main",
-    "make_dpo_parser",
-    "make_grpo_parser",
-    "make_kto_parser",
-    "read_script_args",
+    "load_script_dataset",
     "reward_functions",
-    "run_script",
-    "script_parser",
+    "train_and_save",
+    "trl_script",
 ]

@@ -76,11 +76,23 @@ class PrepareReport:
         return text
 
 
-def image_tokens_per_image(processor) -> int:
-    """How many tokens one image tag expands to, measured by running the processor on a blank image."""
+def image_tokens_per_image(processor, renderer=None) -> int:
+    """How many tokens one image makes in a prepared row, as the count of its rendered text has it once (a row's
+    ``num_tokens`` adds this - 1 per image), measured with a blank 64 px image. With ``renderer`` (what
+    ``prepare_dataset`` passes): a one-image turn rendered with the chat template, then run through the processor as
+    the collator runs it: everything the image adds is counted (the image tokens and the markers around them:
+    Idefics3's and SmolVLM's tile markers, Gemma3's begin and end of image). Without: the image token's count in the
+    processor's expansion of the tag alone (the image tokens only)."""
     from PIL import Image
 
     blank = Image.new("RGB", (64, 64), (255, 255, 255))
+    if renderer is not None:
+        text, _ = renderer.render([{"role": "user", "content": "What is it?"},
+                                   {"role": "assistant", "content": "A square."}], 1, name="the image probe")
+        add = adds_special_tokens(processor, text)
+        rendered = _token_counter(processor)([text], add)[0]
+        processed = processor(text=[text], images=[blank], add_special_tokens=add)["input_ids"][0]
+        return int(len(processed) - rendered + 1)
     out = processor(text=[processor.image_token], images=[blank], add_special_tokens=False)
     ids = out["input_ids"][0]
     return int(sum(1 for token in ids if token == processor.image_token_id))
@@ -293,7 +305,7 @@ def prepare_dataset(
     if on_too_long not in TOO_LONG_POLICIES:
         raise ValueError(f"on_too_long must be one of {TOO_LONG_POLICIES}, got {on_too_long!r}")
     renderer = ConversationRenderer(processor, chat_template, fast=fast_render)
-    per_image = image_tokens_per_image(processor)
+    per_image = image_tokens_per_image(processor, ConversationRenderer(processor, chat_template, fast=False))
     report = PrepareReport(rows_in=len(dataset), max_length=max_length, image_tokens_per_image=per_image,
                            masking=renderer.method)
 

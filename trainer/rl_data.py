@@ -18,7 +18,7 @@ The columns are what TRL 1.16's trainers take for a vision-language model:
 
 ``save_rows`` writes one of them as a dataset folder (``train.parquet``, images embedded) that
 ``trl dpo --dataset_name FOLDER`` and ``llava-normaligned dpo --dataset_name FOLDER`` load offline;
-``llava-normaligned rl-data`` does both steps from the command line.
+``llava-normaligned rl-data`` (``llava_normaligned.commands.rl_data``) does both steps from the command line.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ import random
 from dataclasses import asdict, dataclass
 
 from llava_normaligned.trainer.data import (
-    BAD_IMAGE_POLICIES,
-    BAD_ROW_POLICIES,
     DataReport,
     load_llava_json,
     with_decode,
@@ -226,62 +224,3 @@ def save_rows(dataset, folder: str | os.PathLike) -> str:
     embedded.with_format(None).to_parquet(partial)
     os.replace(partial, path)
     return path
-
-
-# ------------------------------------------------------------------------------------------- the rl-data command
-
-
-def make_parser():
-    from llava_normaligned.console import CommandParser
-
-    parser = CommandParser(
-        prog="llava-normaligned rl-data",
-        description="Write LLaVA JSON rows as a dataset folder for TRL's DPO, GRPO or KTO (train.parquet, images "
-        "embedded): `trl dpo --dataset_name FOLDER` and `llava-normaligned dpo --dataset_name FOLDER` load it.",
-    )
-    parser.add_argument("--data-path", required=True,
-                        help="LLaVA JSON or JSONL file(s), comma-separated (what `train --data-path` reads)")
-    parser.add_argument("--image-folder", default=None,
-                        help="the folder the rows' image paths are relative to (default: none, paths are absolute)")
-    parser.add_argument("--format", required=True, choices=FORMATS,
-                        help="grpo: image, prompt, solution; dpo: image, prompt, chosen, rejected; kto: image, "
-                        "prompt, completion, label")
-    parser.add_argument("--output-dir", required=True, help="folder to write (must be empty or absent)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the rejected answers drawn for dpo and kto (default 0)")
-    parser.add_argument("--on-bad-row", default="error", choices=BAD_ROW_POLICIES,
-                        help="a malformed row: error (default) names it and stops; skip drops it (as train's flag)")
-    parser.add_argument("--on-bad-image", default="error", choices=BAD_IMAGE_POLICIES,
-                        help="a row whose image is missing or unreadable: error (default) or skip (as train's flag)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.console import (
-        arguments_accepted,
-        check_input_file,
-        check_input_folder,
-        check_output_folder,
-        fail,
-    )
-
-    from .data import DataError, split_paths
-
-    args = make_parser().parse_args(argv)
-    try:
-        for path in split_paths(args.data_path):
-            check_input_file("--data-path", path)
-        if args.image_folder is not None:
-            check_input_folder("--image-folder", args.image_folder)
-        check_output_folder("--output-dir", args.output_dir, empty=True)
-    except ValueError as err:  # console.BadInput
-        return fail("rl-data", err)
-    arguments_accepted()
-    try:
-        dataset, report = rl_rows(args.format, args.data_path, args.image_folder, args.seed, return_report=True,
-                                  on_bad_row=args.on_bad_row, on_bad_image=args.on_bad_image)
-    except (DataError, ValueError, FileNotFoundError) as err:
-        return fail("rl-data", err.as_flags() if isinstance(err, DataError) else err, details=True)
-    path = save_rows(dataset, args.output_dir)
-    print(f"wrote {path}: {args.format} rows, {report.summary()}")
-    return 0

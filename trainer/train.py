@@ -3,7 +3,7 @@
     llava-normaligned train --stage 1 --model ./llava-na-3b --data-path blip_laion_cc_sbu_558k.json \\
         --image-folder ./images --output-dir ./stage1 [--config recipe.yaml] [any SFTConfig flag]
 
-Python API (what the CLI and the demo call):
+Python API (what the ``train`` command, ``llava_normaligned.commands.train``, and the demo call):
 
     result = train_stage(model, processor, dataset, args=SFTConfig(...), stage=1)
     result = train_stage(model, processor, dataset, args=SFTConfig(...), stage=StageConfig(2, lr_vision=2e-6))
@@ -34,8 +34,8 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig, SFTTrainer
 
-from llava_normaligned.compat import TrainerHooks, fused_head_compacted_on_cpu
-from llava_normaligned.console import BadInput, keep_notices_of
+from llava_normaligned.compat import TrainerHooks, forget_accelerate_preparation, fused_head_compacted_on_cpu
+from llava_normaligned.console import BadInput
 from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.io import write_json_atomic
 from llava_normaligned.loading import LoadOptions
@@ -45,13 +45,7 @@ from llava_normaligned.part_metrics import gain_statistics, part_gradient_norms,
 from .arguments import (
     StageConfig,
     TrainConfig,
-    build_train_config,
     check_chat_template_path,
-    check_train_inputs,
-    earlier_run,
-    make_parser,
-    read_train_args,
-    setup_environment,
 )
 from .callbacks import NormTrackingCallback, SigtermCheckpoint, Terminated, norm_records, will_log
 from .held_out import HeldOutAccuracyCallback, load_held_out
@@ -246,10 +240,10 @@ def _check_args(args: SFTConfig) -> None:
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and not os.path.isdir(resume):
         raise FileNotFoundError(f"resume_from_checkpoint: no such checkpoint folder: {resume}")
-    _refuse_jit_checkpoint(args)
+    refuse_jit_checkpoint(args)
 
 
-def _refuse_jit_checkpoint(args) -> None:
+def refuse_jit_checkpoint(args) -> None:
     """transformers' SIGTERM checkpoint (``enable_jit_checkpoint``) is not combined with this pipeline's
     (``callbacks.SigtermCheckpoint``, whose docstring says why)."""
     if getattr(args, "enable_jit_checkpoint", False):
@@ -522,6 +516,7 @@ def prepare_stage(
     """Everything before training that can fail on the inputs; the arguments are ``train_stage``'s."""
     config = stage if isinstance(stage, StageConfig) else StageConfig(stage=stage)
     stage = config.stage
+    forget_accelerate_preparation(model)  # trained by an earlier Trainer (stage 1): this one prepares it anew
     if peft_config is not None and stage == 1:
         raise ValueError("stage 1 trains the projector fully: LoRA/QLoRA (peft_config) is for stage 2")
     padding_free = bool(args.padding_free)  # the Trainer is told False (TRL refuses it for images): the collator packs
@@ -595,6 +590,7 @@ def run_stage(prepared: PreparedStage) -> TrainStageResult:
         if trainer.is_world_process_zero():
             _write_json(summary, args.output_dir, SUMMARY_FILE)
     trainer.accelerator.wait_for_everyone()
+    forget_accelerate_preparation(trainer.model)  # the model returned runs its own forward, and trains on anew
     return TrainStageResult(model=trainer.model, metrics=metrics, norm_tracking=records,
                             output_dir=args.output_dir, summary=summary, trainer=trainer)
 
@@ -635,7 +631,7 @@ def train_stage(model, processor, train_dataset, *, args: SFTConfig, stage: int 
                                    data_report=data_report, run_info=run_info))
 
 
-# ------------------------------------------------------------------------------------------------------- CLI
+# ------------------------------------------------------------------------------------- a run from its TrainConfig
 
 
 def shared_image_checker(args: SFTConfig):
@@ -709,18 +705,6 @@ def _cpu_threads(sft_args: SFTConfig) -> None:
     logger.info("training on the CPU with %s (OMP_NUM_THREADS=N sets it)", why)
 
 
-def stopped_message(output, how: str, checkpoint: str | None = None) -> str:
-    """The line reporting a run stopped by Ctrl-C or SIGTERM (``how``): what was kept, and how to continue (from
-    ``checkpoint``, the one the stop saved, else the folder's last)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = checkpoint if checkpoint is not None and os.path.isdir(checkpoint) else \
-        get_last_checkpoint(output.path) if os.path.isdir(output.path) else None
-    if last is not None:
-        return f"{how}; {output.path} is kept: continue with --resume_from_checkpoint {last}"
-    return f"{how} before the first checkpoint; {output.describe()}"
-
-
 def _redacted(value):
     """A configuration as logged: the values of ``*token`` keys (``--hub_token``) replaced, as transformers does."""
     if isinstance(value, dict):
@@ -728,9 +712,11 @@ def _redacted(value):
     return value
 
 
-def _prepare_run(config: TrainConfig, argv, sigterm) -> tuple[PreparedStage, object]:
-    """``train``'s set-up once its arguments are accepted: logging and threads, the model, the data and the adapters
-    (stage 2 with ``--use_peft``), prepared for the Trainer. Returns ``(prepared stage, processor)``."""
+def prepare_run(config: TrainConfig, *, argv: list[str], callbacks=()) -> tuple[PreparedStage, object]:
+    """A run's set-up from its ``TrainConfig`` (what ``train`` parsed): logging and threads, the data (first: a bad
+    row is found in seconds), the held-out rows, the model and the adapters (stage 2 with ``use_peft``), prepared for
+    the Trainer with ``callbacks``; ``argv`` is recorded in the run's summary. Returns ``(prepared stage,
+    processor)``; bad input raises (``DataError``, ``TemplateError``, ``ValueError``, ``FileNotFoundError``)."""
     from .lora import stage2_lora_config
 
     stage_args, sft_args, model_args = config.stage_args, config.sft_args, config.model_args
@@ -745,8 +731,8 @@ def _prepare_run(config: TrainConfig, argv, sigterm) -> tuple[PreparedStage, obj
                                      family=anatomy_of(model).family) if model_args.use_peft else None
     prepared = prepare_stage(
         model, processor, dataset, args=sft_args, stage=stage_args, peft_config=peft_config,
-        data_report=data_report, callbacks=[sigterm],
-        run_info={"config_files": list(config.config_files), "argv": list(sys.argv[1:] if argv is None else argv),
+        data_report=data_report, callbacks=list(callbacks),
+        run_info={"config_files": list(config.config_files), "argv": list(argv),
                   "model": public_name(stage_args.model) if stage_args.model else
                   f"{public_name(stage_args.vision_model)} + {public_name(stage_args.text_model)}"},
     )
@@ -769,7 +755,7 @@ def _held_out_rows(stage_args) -> list | None:
         raise BadInput(str(error)) from None
 
 
-def _merge_if_asked(result: TrainStageResult, config: TrainConfig, processor) -> None:
+def merge_if_asked(result: TrainStageResult, config: TrainConfig, processor) -> None:
     """``--merge-adapter``: the trained adapters merged into an unquantized copy of the base, saved as ``merged/``."""
     from .lora import merge_adapter
 
@@ -783,81 +769,17 @@ def _merge_if_asked(result: TrainStageResult, config: TrainConfig, processor) ->
     logger.info("merged model written to %s", merged)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``llava-normaligned train``: parse and check every argument, load, prepare (errors up to here are bad input:
-    one line, exit code 2), then train one stage and save (errors there are raised with their traceback). When the
-    run fails or is stopped (Ctrl-C: one line, exit code 130; SIGTERM before training's loop: one line, exit code
-    143) before it saved anything, the output folder is removed if this run created it. SIGTERM once training runs:
-    a checkpoint at the end of the optimizer step, no final model, one line naming the checkpoint to resume from,
-    exit code 143 (``callbacks.SigtermCheckpoint``). Returns the exit code."""
-    from llava_normaligned.console import INTERRUPTED, TERMINATED, arguments_accepted, fail, removed_unless_kept
-
-    from .data import DataError
-    from .masking import TemplateError
-
-    # INFO until the arguments say otherwise: the environment set-up and what is derived (CPU float32, the global
-    # batch) are shown
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    bad_input = (DataError, TemplateError, FileNotFoundError, ValueError)
-    try:
-        request = read_train_args(argv)  # parse
-        keep_notices_of(request.recipe_keys)  # the recipes' own settings' notices are the user's
-        setup_environment(request.environment, request.namespace)  # the recipes' env: keys; DeepSpeed on CPUs
-        config = build_train_config(request)  # validate, derive: once; only read from here on
-        _refuse_jit_checkpoint(config.sft_args)
-        check_train_inputs(config.stage_args, config.sft_args, config.model_args)
-    except bad_input as err:
-        return fail("train", err)
-    arguments_accepted()  # what the libraries said meanwhile is shown from here on
-    stage_args, sft_args = config.stage_args, config.sft_args
-    # one process removes what a failed or stopped run left (a folder it created, holding no checkpoint)
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    prepared = None
-    # SIGTERM (a scheduler's preemption): before training's loop as Ctrl-C, in it a checkpoint at the step's end; the
-    # previous handler is back once training and its saving are over
-    sigterm = SigtermCheckpoint()
-    try:
-        with removed_unless_kept(sft_args.output_dir,
-                                 keep=lambda folder: not main_process or bool(earlier_run(folder))) as output, \
-                sigterm.handling():
-            prepared, processor = _prepare_run(config, argv, sigterm)
-            result = run_stage(prepared)
-            _merge_if_asked(result, config, processor)
-    except bad_input as err:
-        if prepared is not None:  # an error while training is no bad input: raised with its traceback
-            raise
-        logger.debug("train failed", exc_info=True)
-        if isinstance(err, DataError):
-            err = err.as_flags()  # names --on-bad-row / --on-bad-image, not the keywords
-        return fail("train", err, details=True)  # a data or template error lists the rows at fault
-    except KeyboardInterrupt:
-        return fail("train", stopped_message(output, "interrupted (Ctrl-C)"), code=INTERRUPTED)
-    except Terminated as stopped:
-        return fail("train", stopped_message(output, "terminated (SIGTERM)", stopped.checkpoint), code=TERMINATED)
-    if sigterm.requested:  # after the last step's end: the run finished and saved as usual
-        logger.warning("SIGTERM arrived after the last optimizer step: the run finished and saved its final model")
-    if result.trainer.is_world_process_zero():
-        end = result.norm_tracking[-1] if result.norm_tracking else {}
-        print(f"stage {stage_args.stage} done: {result.output_dir} (train_loss "
-              f"{result.metrics.get('train_loss', float('nan')):.4f}, vision/text norm ratio at the end "
-              f"{end.get('vision_text_ratio', float('nan')):.3g})")
-    return 0
-
-
 __all__ = [
     "SUMMARY_FILE",
     "LlavaStageTrainer",
     "PreparedStage",
     "StageConfig",
     "TrainStageResult",
-    "main",
-    "make_parser",
+    "merge_if_asked",
+    "prepare_run",
     "prepare_stage",
+    "refuse_jit_checkpoint",
     "run_stage",
     "shared_image_checker",
     "train_stage",
 ]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

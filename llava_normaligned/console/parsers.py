@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llava_normaligned.compat import parser_actions
+
 from .held_output import end_hold
 
 
@@ -31,4 +33,58 @@ class OneLineUsageErrors:
 
 
 class CommandParser(OneLineUsageErrors, argparse.ArgumentParser):
-    """The parser of a command: ``argparse.ArgumentParser`` with one-line usage errors and no abbreviated flags."""
+    """The parser of a command: ``argparse.ArgumentParser`` with one-line usage errors, no abbreviated flags, and
+    ``--config FILE.yaml`` as ``train``'s and TRL's parsers have it: a YAML mapping of the command's options (a key
+    is the flag without its dashes, ``-`` or ``_`` alike: ``max-new-tokens`` or ``max_new_tokens``), read as the
+    defaults, which the command line overrides. A key that is no option of the command, or a positional argument,
+    is a usage error naming the file."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--config", metavar="FILE.yaml", default=None,
+                          help="a YAML file of this command's options (flag names without the dashes) read before "
+                          "the command line, which overrides it (default: none)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"),
+                    next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None))
+        if path is not None:
+            self._use_config(path)
+        return super().parse_known_args(argv, namespace)
+
+    def _use_config(self, path: str) -> None:
+        import yaml
+
+        try:
+            with open(path, encoding="utf-8") as handle:
+                values = yaml.safe_load(handle) or {}
+        except (OSError, yaml.YAMLError) as error:
+            self.error(f"--config {path}: {type(error).__name__}: {error}".splitlines()[0])
+        if not isinstance(values, dict):
+            self.error(f"--config {path}: a mapping of option names to values is expected")
+        options = {}
+        for action in parser_actions(self):
+            if action.option_strings and action.dest not in ("help", "config"):
+                for name in (action.dest, *(o.lstrip("-") for o in action.option_strings)):
+                    options.setdefault(name.replace("-", "_"), action)
+        for key, value in values.items():
+            action = options.get(str(key).replace("-", "_"))
+            if action is None:
+                self.error(f"--config {path}: {key!r} is no option of {self.prog}")
+            if action.nargs == 0:  # a switch: true is the flag given; false its opposite (or not given)
+                if not isinstance(value, bool):
+                    self.error(f"--config {path}: {key}: true or false is expected, not {value!r}")
+                if value:
+                    action.default = action.const
+                elif isinstance(action.const, bool):
+                    action.default = not action.const
+                continue
+            if isinstance(value, str) and action.type is not None:
+                try:
+                    value = action.type(value)
+                except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+                    self.error(f"--config {path}: {key}: {error}")
+            if action.choices is not None and value not in action.choices:
+                self.error(f"--config {path}: {key}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+            action.default, action.required = value, False

@@ -2,10 +2,10 @@
 
     llava-normaligned diagnose MODEL [--baseline MODEL] [--images DIR] [--prompts FILE] --output-dir DIR
 
-or, from Python, ``diagnose(DiagnoseConfig(model=..., output_dir=...))``. See docs/diagnostics.md.
+(``llava_normaligned.commands.diagnose``) or, from Python, ``diagnose(DiagnoseConfig(model=..., output_dir=...))``.
+See docs/diagnostics.md.
 """
 
-from .cli import main, make_parser
 from .config import DEFAULT_ALPHAS, DiagnoseConfig, DiagnosticsError
 
 
@@ -16,4 +16,4 @@ def diagnose(config: DiagnoseConfig):
     return run(config)
 
 
-__all__ = ["DEFAULT_ALPHAS", "DiagnoseConfig", "DiagnosticsError", "diagnose", "main", "make_parser"]
+__all__ = ["DEFAULT_ALPHAS", "DiagnoseConfig", "DiagnosticsError", "diagnose"]

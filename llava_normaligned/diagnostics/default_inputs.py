@@ -3,12 +3,11 @@
 The scenes are drawn in code (so they are reproducible and carry no licence question) and saved as PNG under
 ``llava_normaligned/assets/diagnostics/``. Regenerate them with::
 
-    python -m llava_normaligned.diagnostics.default_inputs --output-dir llava_normaligned/assets/diagnostics
+    python .ci/default_images.py
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 from importlib import resources
@@ -122,20 +121,3 @@ def write_default_images(output_dir: str) -> list[str]:
         draw_scene(name).save(path, optimize=True)
         paths.append(path)
     return paths
-
-
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Redraw the default diagnostic images.", allow_abbrev=False)
-    parser.add_argument("--output-dir", default=None, help="default: the package's assets/diagnostics/images")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
-    for path in write_default_images(args.output_dir or default_images_dir()):
-        print(f"wrote {path} ({os.path.getsize(path)} bytes)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -10,7 +10,7 @@ estimate: allocator fragmentation and framework buffers vary.
 ``training_estimate`` does the same for training a stage (weights, gradients and AdamW's moments of the trained
 parameters, the activations the backward keeps).
 
-``python -m llava_normaligned.diagnostics.memory`` prints the table of docs/diagnostics.md for reference
+``python .ci/doc_tables.py`` prints the table of docs/diagnostics.md for reference
 architectures, built from their published dimensions on the meta device, the training table of the paper's shape
 (README), and the time table: the FLOPs of one
 ``diagnose`` prompt of the blog's two models (``diagnose_prompt_flops``) over the CPU FLOP rate measured on tiny
@@ -19,7 +19,6 @@ models of the same classes by ``benchmarks/bench_diagnose_cpu.py`` (``assets/dia
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from dataclasses import dataclass
@@ -512,24 +511,3 @@ def time_table() -> str:
         lines.append(f"| {name} | {flops / 1e12:.1f} TFLOP | {record['seconds_per_pass']:.3f} s "
                      f"({rate / 1e9:.1f}) | {flops / rate / 60:.0f} min |")
     return "\n".join(lines)
-
-
-def make_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(description="Print the memory table of docs/diagnostics.md (estimates).",
-                                   allow_abbrev=False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    make_parser().parse_args(argv)
-    print(reference_table())
-    print()
-    print(training_table())
-    print()
-    print(card_table())
-    print()
-    print(time_table())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Evaluation on the paper's benchmarks (Table 4).
 
-``llava-normaligned eval MODEL --tasks ... --output-dir DIR`` runs :func:`main` (flags, ``cli.py``); :func:`evaluate`
-(the run, ``runner.py``) takes an :class:`EvalConfig`. ``--engine lmms-eval`` runs lmms-eval instead
+:func:`evaluate` (the run, ``runner.py``) takes an :class:`EvalConfig`; ``llava-normaligned eval MODEL --tasks
+... --output-dir DIR`` (``llava_normaligned.commands.eval``) builds one and calls it. ``--engine lmms-eval`` runs lmms-eval instead
 (``lmms_engine.py``) on this package's lmms-eval model (``lmms_plugin.py``, registered by entry point).
 Task ids, Hub datasets and schemas live in :mod:`.tasks`; the Table 4 Markdown in :mod:`.report`
 (:func:`render_markdown`, :func:`table_markdown`, for model cards). The rules have one home each, used by both
@@ -9,8 +9,7 @@ engines: :mod:`.prompts`, :mod:`.extraction`, :mod:`.scoring` (log-likelihoods: 
 docs/evaluation.md, "Two engines, one set of rules".
 """
 
-from .cli import main, make_eval_parser
 from .report import render_markdown, table_markdown
 from .runner import EvalConfig, evaluate
 
-__all__ = ["EvalConfig", "evaluate", "main", "make_eval_parser", "render_markdown", "table_markdown"]
+__all__ = ["EvalConfig", "evaluate", "render_markdown", "table_markdown"]

@@ -1,7 +1,8 @@
 """The evaluation run of ``llava-normaligned eval``, stage by stage: resolve the tasks, load and check every split
 (before the model), refuse to mix runs in --output-dir, load the model, run each task through its batch loop
 (``batches.py`` for generation, ``loglik.py`` for log-likelihood), score it and rewrite results.json / results.md
-after every task. ``cli.py`` parses the flags into an :class:`EvalConfig` and calls :func:`evaluate`.
+after every task. The ``eval`` command (``llava_normaligned.commands.eval``) parses the flags into an
+:class:`EvalConfig` and calls :func:`evaluate`.
 
 Outputs, in ``output_dir``: samples.jsonl (every sample, appended as it is scored), results.json and results.md
 (rewritten after every task; published with the model, so they name no local path: provenance.py).

@@ -12,6 +12,59 @@ from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.preprocess import prepare_dataset
 
 
+VARLEN = "varlen_rows_stand_in"
+
+
+def varlen_stand_in_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                              scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+    """Flash attention's variable-length path as a CPU can run it: the rows are those transformers' flash attention
+    finds in the ``position_ids`` the layer receives (``compat.flash_varlen_rows``: its own test and cu_seqlens),
+    each attended alone by sdpa (``is_causal``); without packed rows, sdpa on the batch as it is."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from llava_normaligned.compat import flash_varlen_rows
+
+    rows = None
+    if attention_mask is None and kwargs.get("position_ids") is not None:
+        rows = flash_varlen_rows(kwargs["position_ids"], query.shape[0])
+    if rows is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    outputs = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None,
+                                      dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)[0]
+               for a, b in rows]
+    return torch.cat(outputs, dim=1), None
+
+
+def _varlen_stand_in_mask(*args, attention_mask=None, **kwargs):
+    """No mask for a batch without padding, as flash attention gets (it then reads the rows from the positions);
+    sdpa's mask for a padded batch (the reference the packed one is compared with)."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def use_varlen_stand_in(model) -> None:
+    """Switch ``model``'s LLM to ``VARLEN``, registered with transformers' attention and mask interfaces."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(VARLEN, varlen_stand_in_attention)
+    AttentionMaskInterface.register(VARLEN, _varlen_stand_in_mask)
+    model.set_attn_implementation({"text_config": VARLEN})
+
+
+def set_attention(model, attn: str) -> None:
+    """The LLM's attention for a parity test: ``VARLEN`` (the stand-in above), ``PACKED_SDPA`` (sdpa, switched to
+    row by row by ``packed_attention`` around the packed forward) or a transformers implementation."""
+    from llava_normaligned.trainer.padding_free import PACKED_SDPA
+
+    if attn == VARLEN:
+        use_varlen_stand_in(model)
+    else:
+        model.set_attn_implementation({"text_config": "sdpa" if attn == PACKED_SDPA else attn})
+
+
 def padded_and_packed(model, processor, data) -> tuple[dict, dict]:
     """Four prepared rows of ``data`` (a ``write_llava_dataset`` pair), a text-only one among image rows, collated
     padded and packed."""

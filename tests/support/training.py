@@ -12,8 +12,10 @@ from transformers import TrainerCallback
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
 
 
-def write_llava_dataset(folder, n_rows: int = 16, text_only: int = 1, multi_turn_every: int = 3) -> tuple[str, str]:
-    """Solid-colour 32x32 images and LLaVA JSON rows about them. Returns (json path, image folder)."""
+def write_llava_dataset(folder, n_rows: int = 16, text_only: int = 1, multi_turn_every: int = 3,
+                        image_size: int = 32) -> tuple[str, str]:
+    """Solid-colour square images (``image_size`` px, default 32) and LLaVA JSON rows about them. Returns (json
+    path, image folder)."""
     from PIL import Image
 
     image_dir = os.path.join(folder, "images")
@@ -22,7 +24,7 @@ def write_llava_dataset(folder, n_rows: int = 16, text_only: int = 1, multi_turn
     rows = []
     for i in range(n_rows):
         colour = names[i % len(names)]
-        Image.new("RGB", (32, 32), COLOURS[colour]).save(os.path.join(image_dir, f"{i}.png"))
+        Image.new("RGB", (image_size, image_size), COLOURS[colour]).save(os.path.join(image_dir, f"{i}.png"))
         turns = [{"from": "human", "value": "<image>\nwhat colour is the shape ?"}, {"from": "gpt", "value": colour}]
         if multi_turn_every and i % multi_turn_every == 0:
             turns += [{"from": "human", "value": "is there a circle ?"}, {"from": "gpt", "value": "no"}]

@@ -44,8 +44,8 @@ def _check_file(path: str) -> None:
         raise FileNotFoundError(f"data file not found: {path}")
 
 
-def _parse_json_rows_whole(path: str) -> list:
-    """The whole-file parse (``json.loads``): the reference for ``_iter_json_rows``, whose error messages it gives."""
+def parse_json_rows_whole(path: str) -> list:
+    """The whole-file parse (``json.loads``): the reference for ``iter_json_rows``, whose error messages it gives."""
     with open(path, "rb") as handle:
         raw = handle.read()
     try:
@@ -67,7 +67,7 @@ def _opens_a_list(handle) -> bool:
     return piece.lstrip(b" \t\n\r").startswith(b"[")
 
 
-def _iter_json_rows(path: str, block: int = JSON_BUFFER):
+def iter_json_rows(path: str, block: int = JSON_BUFFER):
     """The rows of a LLaVA JSON file (a list) or a JSON-lines file (one object per line), one at a time.
 
     A UTF-8 ``.json`` list is parsed element by element by ijson (its C backend, yajl2_c) from ``block``-byte pieces
@@ -99,7 +99,7 @@ def _iter_json_rows(path: str, block: int = JSON_BUFFER):
                 return
             except (ijson.JSONError, UnicodeDecodeError):
                 pass
-    yield from _parse_json_rows_whole(path)[read:]  # raises, naming the problem, for a file that is not a list
+    yield from parse_json_rows_whole(path)[read:]  # raises, naming the problem, for a file that is not a list
 
 
 def parse_llava_file(rows, path: str, file_index: int, image_folder, columns: ArrowColumns, report: DataReport,
@@ -225,7 +225,7 @@ def _parsed_rows(paths: list[str], image_folder: str | None, on_bad_row: str, ca
     else:
         columns = ArrowColumns()
         for file_index, path in enumerate(paths):
-            parse_llava_file(_iter_json_rows(path), path, file_index, image_folder, columns, report, on_bad_row)
+            parse_llava_file(iter_json_rows(path), path, file_index, image_folder, columns, report, on_bad_row)
         report.seconds["parse"] = log_phase("LLaVA JSON parsed", report.rows_read, start)
         loaded = _store(cache_dir, key, columns.table(), row_features(provenance=True),
                         {name: getattr(report, name) for name in PARSE_FIELDS})
@@ -304,3 +304,6 @@ def load_llava_json(
     report.text_only_rows = int((counts == 0).sum())
     logger.info("LLaVA JSON %s: %s", ", ".join(report.sources), report.summary())
     return (dataset, report) if return_report else dataset
+
+
+__all__ = ["JSON_BUFFER", "iter_json_rows", "load_llava_json", "parse_json_rows_whole", "parse_llava_file"]

@@ -1,6 +1,6 @@
 """Run a checkpoint with vLLM's offline engine and write what it did as JSON (runs where vLLM is installed).
 
-    python -m llava_normaligned.serving.vllm_check CKPT --image cat.png --prompt "What is it?" --output out.json
+    python -m llava_normaligned.commands.vllm_check CKPT --image cat.png --prompt "What is it?" --output out.json
 
 It renders the prompt with the checkpoint's own chat template (as ``llava-normaligned generate`` does), generates
 greedily, and records the prompt's token ids (after vLLM's image-token expansion), the generated ids, text and
@@ -18,7 +18,7 @@ import sys
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llava_normaligned.serving.vllm_check",
+    parser = argparse.ArgumentParser(prog="python -m llava_normaligned.commands.vllm_check",
                                      description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("model", help="checkpoint folder (or Hub id)")
     parser.add_argument("--image", help="image file for the prompt")

@@ -1,9 +1,9 @@
-"""``llava-normaligned diagnose MODEL [--baseline MODEL] [--images DIR] [--prompts FILE] --output-dir DIR``."""
+"""``llava-normaligned diagnose MODEL [--baseline MODEL] [--images DIR] [--prompts FILE] --output-dir DIR``: the
+flags become a ``DiagnoseConfig`` and the run is ``llava_normaligned.diagnostics.diagnose``."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from llava_normaligned.console import (
     BadInput,
@@ -16,7 +16,7 @@ from llava_normaligned.console import (
 from llava_normaligned.flags import add_load_flags
 from llava_normaligned.loading import LoadOptions
 
-from .config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
+from llava_normaligned.diagnostics.config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
 
 
 def _alphas(text: str) -> tuple[float, ...]:
@@ -67,7 +67,7 @@ def make_parser() -> argparse.ArgumentParser:
 def _compare_embeddings(args, options: LoadOptions) -> int:
     from llava_normaligned.loading import check_source
 
-    from .embeddings import compare_embeddings, render, write
+    from llava_normaligned.diagnostics.embeddings import compare_embeddings, render, write
 
     check_source(options.source, "model", revision=options.revision)  # both before either table is read
     check_source(args.compare_embeddings, "--compare-embeddings", revision=args.base_revision)
@@ -87,7 +87,7 @@ def _compare_embeddings(args, options: LoadOptions) -> int:
 def _estimate_memory(args, options: LoadOptions) -> int:
     from llava_normaligned.loading import load_config
 
-    from .memory import estimate
+    from llava_normaligned.diagnostics.memory import estimate
 
     try:
         config = load_config(options.source, revision=options.revision, trust_remote_code=options.trust_remote_code)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             plots=args.plots,
             progress=args.progress,
         )
-        from .runner import diagnose
+        from llava_normaligned.diagnostics.runner import diagnose
 
         arguments_accepted()
         document, written = diagnose(config)
@@ -148,7 +148,3 @@ def main(argv: list[str] | None = None) -> int:
         line += f" (baseline {base:.3g})" if base is not None else ""
     print(f"{line}; wrote {len(written)} files to {config.output_dir}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -95,7 +95,7 @@ def load_chat_model(options: LoadOptions):
     find is refused here, not at the first question)."""
     from llava_normaligned.families.probe_points import locate
 
-    from .page import ChatModel
+    from llava_normaligned.chat.page import ChatModel
 
     model, processor = options.load()
     return ChatModel(options.source, processor, locate(model, options.source))
@@ -114,7 +114,7 @@ def serve(models, args) -> None:
     the models load: exit code 130, as every command). SIGTERM: exit code 143, the figures' folder removed."""
     import tempfile
 
-    from .page import build_page
+    from llava_normaligned.chat.page import build_page
 
     signal.signal(signal.SIGTERM, _stop)  # a stopped server still removes its figures' folder
     stopped = False

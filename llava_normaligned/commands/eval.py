@@ -5,8 +5,9 @@
         --baseline ./llava-3b/eval/results.json --output-dir ./eval-smoke
     llava-normaligned eval ./llava-na-3b --engine lmms-eval --tasks all --output-dir ./llava-na-3b/eval
 
-The flags become an :class:`~.runner.EvalConfig`; the run itself is :func:`.runner.evaluate` (this package's own
-harness) or :func:`.lmms_engine.evaluate_with_lmms` (lmms-eval, through the ``llava_normaligned`` model plugin).
+The flags become an ``EvalConfig``; the run itself is ``llava_normaligned.evaluation.evaluate`` (this package's own
+harness) or ``evaluation.lmms_engine.evaluate_with_lmms`` (lmms-eval, through the ``llava_normaligned`` model
+plugin).
 
 Exit codes: 0 every task scored without sample errors (or with errors under --max-error-rate and --allow-errors);
 1 a task failed, or samples raised errors; 2 bad arguments or inputs, found before any sample runs.
@@ -34,13 +35,13 @@ from llava_normaligned.console import (
 from llava_normaligned.flags import add_load_flags
 from llava_normaligned.loading import LoadOptions
 
-from .data import EvalDataError
-from .report import BaselineError, load_baseline, table_markdown
-from .runner import SAMPLES_FILE, EvalConfig, EvalSetupError, evaluate
-from .tasks import TASKS, UnknownTaskError
+from llava_normaligned.evaluation.data import EvalDataError
+from llava_normaligned.evaluation.report import BaselineError, load_baseline, table_markdown
+from llava_normaligned.evaluation.runner import SAMPLES_FILE, EvalConfig, EvalSetupError, evaluate
+from llava_normaligned.evaluation.tasks import TASKS, UnknownTaskError
 
 
-def make_eval_parser() -> argparse.ArgumentParser:
+def make_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="llava-normaligned eval",
         description="Score a model on the benchmarks of the paper's Table 4 (and the demo's synthetic task).",
@@ -146,7 +147,7 @@ def exit_code(results: dict, allow_errors: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_eval_parser()
+    parser = make_parser()
     args = parser.parse_args(argv)
     if args.list_tasks:
         print(list_tasks())
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline = load_baseline(cfg.baseline) if cfg.baseline else None
         arguments_accepted()
         if args.engine == "lmms-eval":
-            from .lmms_engine import evaluate_with_lmms
+            from llava_normaligned.evaluation.lmms_engine import evaluate_with_lmms
 
             results = evaluate_with_lmms(cfg, baseline)
         else:
@@ -173,4 +174,4 @@ def main(argv: list[str] | None = None) -> int:
     return exit_code(results, cfg.allow_errors)
 
 
-__all__ = ["EvalConfig", "evaluate", "exit_code", "main", "make_eval_parser"]
+__all__ = ["exit_code", "main", "make_parser"]

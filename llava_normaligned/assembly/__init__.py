@@ -1,1 +1,0 @@
-"""Commands that build a model: ``compose``, ``convert`` and ``align`` (``assembly.commands``)."""

@@ -1,0 +1,20 @@
+"""``llava-normaligned grpo``: TRL's ``trl grpo`` script, flag for flag, with the norm tracked
+(``trainer.preference``; the parser and the run are ``trl_script``'s, shared with the other TRL scripts).
+
+    llava-normaligned grpo --model_name_or_path ./stage2 --dataset_name ./grpo-data --output_dir ./grpo [--config RECIPE]
+"""
+
+from __future__ import annotations
+
+from .trl_script import run_script, script_parser
+
+
+def make_parser():
+    return script_parser("grpo")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_script("grpo", argv)
+
+
+__all__ = ["main", "make_parser"]

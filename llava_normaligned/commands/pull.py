@@ -1,0 +1,55 @@
+"""``llava-normaligned pull``: download a checkpoint from the Hub (pickle files excluded) and list the remote code it
+holds (``hub_cards.push.pull``).
+
+    llava-normaligned pull me/llava-na-3b [--revision REV] [--local-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from llava_normaligned.console import CommandParser, arguments_accepted, fail
+from llava_normaligned.hub_cards.card import package_version
+from llava_normaligned.hub_cards.push import PullError, pull
+from llava_normaligned.hub_cards.selfcheck import known_tokens, scrub
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="llava-normaligned pull",
+        description="Download a checkpoint from the Hub (pickle files excluded) and show the remote code it holds.",
+    )
+    parser.add_argument("repo_id", metavar="NS/NAME", help="the Hub model repo, NAMESPACE/NAME")
+    parser.add_argument("--revision", default=None, help="branch, tag or commit hash (default main)")
+    parser.add_argument("--local-dir", default=None, help="download here instead of the Hub cache")
+    parser.add_argument("--token", default=None, help="Hub token (default HF_TOKEN or the saved login)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return fail("pull", f"{args.repo_id}: HF_HUB_OFFLINE is set, so nothing can be downloaded; unset it to pull")
+    arguments_accepted()
+    try:
+        result = pull(args.repo_id, args.revision, args.local_dir, token=args.token)
+    except (PullError, ValueError) as error:
+        print(f"llava-normaligned pull: {scrub(str(error), known_tokens(args.token))}", file=sys.stderr)
+        return 1
+    print(f"{args.repo_id} at commit {result.commit} -> {result.path}")
+    for name in result.skipped_pickles:
+        print(f"  not downloaded: {name} (pickle)")
+    for name, digest, same in result.remote_code:
+        note = (f"identical to llava-normaligned {package_version()}'s" if same
+                else "NOT the installed package's: review it")
+        print(f"  remote code {name} sha256 {digest} ({note})")
+    for config_name, auto_class, reference in result.cross_repo_code:
+        print(f"  WARNING {config_name}: auto_map[{auto_class!r}] = {reference!r} points into another repo: "
+              "trust_remote_code would download and run that repo's code too; review it or do not trust remote code")
+    print(f'load it with: from_pretrained("{result.path}", trust_remote_code=True)')
+    return 0
+
+
+__all__ = ["main", "make_parser"]
