@@ -13,11 +13,9 @@ from llava_normaligned.trainer.checkpoints import is_disk_full, last_complete_ch
 
 def stopped_message(output, how: str, checkpoint: str | None = None) -> str:
     """The line reporting a run stopped by Ctrl-C or SIGTERM (``how``): what was kept, and how to continue (from
-    ``checkpoint``, the one the stop saved, else the folder's last)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = checkpoint if checkpoint is not None and os.path.isdir(checkpoint) else \
-        get_last_checkpoint(output.path) if os.path.isdir(output.path) else None
+    ``checkpoint``, the one the stop saved, else the folder's last complete one: a save that Ctrl-C cut short is
+    never named)."""
+    last = checkpoint if checkpoint is not None and os.path.isdir(checkpoint) else last_complete_checkpoint(output.path)
     if last is not None:
         return f"{how}; {output.path} is kept: continue with --resume_from_checkpoint {last}"
     return f"{how} before the first checkpoint; {output.describe()}"
