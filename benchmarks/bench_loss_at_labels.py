@@ -36,11 +36,11 @@ def _model():
     from llava_normaligned.demo.real_llm import resolve_text_model, save_text_model
     from llava_normaligned.tiny import save_tiny_parts
 
-    folder = tempfile.mkdtemp(prefix="bench_loss_")
-    vision, _ = save_tiny_parts(folder)
-    text = os.path.join(folder, "smollm2")
-    save_text_model(resolve_text_model("smollm2-135m-offline"), text)
-    model, _ = compose(vision, text)
+    with tempfile.TemporaryDirectory(prefix="bench_loss_") as folder:  # the parts are read into memory, then removed
+        vision, _ = save_tiny_parts(folder)
+        text = os.path.join(folder, "smollm2")
+        save_text_model(resolve_text_model("smollm2-135m-offline"), text)
+        model, _ = compose(vision, text)
     return model.train()
 
 

@@ -407,7 +407,8 @@ def _check_model_folder(path: str, name: str, what: str) -> None:
                              "stopped leaves its last complete save in a checkpoint-N folder)")
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` set to a true value: nothing may be asked of the Hub."""
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
@@ -490,7 +491,7 @@ def check_source(name: str, what: str = "model", *, revision: str | None = None,
             f"{what} {name!r}: no such folder ({os.path.abspath(path)}); give an existing folder or a Hub repo id "
             "(namespace/name)"
         )
-    if _hub_offline():
+    if hub_offline():
         if not _in_hub_cache(name, revision):
             raise SourceNotFound(
                 f"{what} {name!r}: no such folder here, and HF_HUB_OFFLINE is set while the Hub cache holds no copy "

@@ -97,3 +97,21 @@ def test_engine_without_lmms_eval_says_how_to_install(tiny_model_dir, tmp_path, 
     assert code == 2
     err = capsys.readouterr().err
     assert "lmms-eval is not installed" in err and "llava-normaligned[eval]" in err and len(err.splitlines()) == 1
+
+
+def test_offline_lmms_eval_reads_the_datasets_cache_datasets_reads(monkeypatch):
+    """Offline, lmms-eval's datasets cache is named (it would otherwise move to an empty scratch folder on a file
+    system it takes for a network one); a cache the user named is kept, and online nothing is added."""
+    import datasets.config
+
+    from llava_normaligned.evaluation.lmms_engine import lmms_environment
+
+    monkeypatch.delenv("LMMS_EVAL_DATASETS_CACHE", raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", "/data/hf/datasets")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    assert lmms_environment()["LMMS_EVAL_DATASETS_CACHE"] == "/data/hf/datasets"
+    monkeypatch.setenv("LMMS_EVAL_DATASETS_CACHE", "/scratch/mine")
+    assert lmms_environment()["LMMS_EVAL_DATASETS_CACHE"] == "/scratch/mine"
+    monkeypatch.delenv("LMMS_EVAL_DATASETS_CACHE")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    assert "LMMS_EVAL_DATASETS_CACHE" not in lmms_environment()

@@ -70,8 +70,10 @@ def lmms_python(tmp_path_factory) -> str:
 
 
 def _offline_env(hf_home: str) -> dict:
-    return {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
+    """This environment offline, with every Hugging Face cache under ``hf_home`` (cache settings from outside dropped)."""
+    outside = ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "LMMS_EVAL_DATASETS_CACHE", "LMMS_LOCAL_CACHE")
+    return {**{k: v for k, v in os.environ.items() if k not in outside}, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _samples(folder, task: str) -> dict[int, dict]:
@@ -83,6 +85,15 @@ def _samples(folder, task: str) -> dict[int, dict]:
 def _own_samples(folder, task: str) -> dict[int, dict]:
     with open(os.path.join(str(folder), "samples.jsonl"), encoding="utf-8") as f:
         return {r["row"]: r for r in map(json.loads, f) if r["task"] == task}
+
+
+REMOTE_FS = """try:
+    import lmms_eval.caching.fs_detect as fs_detect
+except ImportError:
+    pass
+else:
+    fs_detect.detect_fs_type = lambda path: fs_detect.FsType.REMOTE
+"""
 
 
 def test_engine_lmms_eval_offline_matches_own_harness(lmms_python, tiny_model_dir, tmp_path):
@@ -101,8 +112,13 @@ def test_engine_lmms_eval_offline_matches_own_harness(lmms_python, tiny_model_di
     out = tmp_path / "lmms"
     cli = [lmms_python, "-m", "llava_normaligned.cli", "eval", tiny_model_dir, "--engine", "lmms-eval", *common,
            "--output-dir", str(out), "--baseline", str(own / "results.json"), "--label", "via-lmms"]
-    run = subprocess.run(cli, capture_output=True, text=True, cwd=tmp_path, env=_offline_env(hf_home),
-                         stdin=subprocess.DEVNULL)
+    # lmms-eval takes the cache's file system for a network one, as on a cluster's NFS home or a sandbox's 9p mount:
+    # it would move its datasets cache to an empty node-local folder, and offline every task would fail
+    # (ConnectionError); the engine names the cache datasets reads (lmms_engine.lmms_environment)
+    (tmp_path / "remote_fs").mkdir()
+    (tmp_path / "remote_fs" / "sitecustomize.py").write_text(REMOTE_FS)
+    env = {**_offline_env(hf_home), "PYTHONPATH": str(tmp_path / "remote_fs")}
+    run = subprocess.run(cli, capture_output=True, text=True, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
     log = (out / "lmms_eval.log").read_text() if (out / "lmms_eval.log").exists() else ""
     assert run.returncode == 0, run.stderr[-3000:] + log[-3000:]
 
@@ -199,8 +215,10 @@ def test_scores_agree_on_the_same_answers(lmms_python, tiny_model_dir, tmp_path,
     write_lmms_cache(str(hf_home), TASKS)
     (tmp_path / "answers.json").write_text(json.dumps(FIXED))
     (tmp_path / "fixed.py").write_text(FIXED_ANSWERS_RUN)
+    # lmms-eval run directly, as `eval --engine lmms-eval` runs it offline: its datasets cache named (lmms_environment)
+    env = {**_offline_env(hf_home), "LMMS_EVAL_DATASETS_CACHE": str(hf_home / "datasets")}
     run = subprocess.run([lmms_python, "fixed.py", "answers.json", ",".join(TASKS), "lmms.json"], cwd=tmp_path,
-                         capture_output=True, text=True, env=_offline_env(hf_home), stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     assert run.returncode == 0 and (tmp_path / "lmms.json").exists(), run.stderr[-3000:]
     raw = json.loads((tmp_path / "lmms.json").read_text())
 

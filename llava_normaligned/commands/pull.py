@@ -7,13 +7,13 @@ holds (``hub_cards.push.pull``).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from llava_normaligned.console import CommandParser, arguments_accepted, fail
 from llava_normaligned.hub_cards.card import package_version
 from llava_normaligned.hub_cards.push import PullError, pull
 from llava_normaligned.hub_cards.selfcheck import known_tokens, scrub
+from llava_normaligned.loading import hub_offline
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+    if hub_offline():
         return fail("pull", f"{args.repo_id}: HF_HUB_OFFLINE is set, so nothing can be downloaded; unset it to pull")
     arguments_accepted()
     try:

@@ -106,6 +106,20 @@ def lmms_command(cfg: EvalConfig, names: list[str]) -> list[str]:
     return command + (["--limit", str(cfg.limit)] if cfg.limit else [])
 
 
+def lmms_environment() -> dict:
+    """The environment lmms-eval runs in: this one's, and, offline, its datasets cache pinned to the one ``datasets``
+    reads here (``LMMS_EVAL_DATASETS_CACHE``, unless set). lmms-eval moves its datasets cache to a node-local scratch
+    folder (``/tmp/lmms_eval_hf_datasets/USER``) when it takes the usual one for a network file system (NFS, Lustre,
+    9p, ...); offline, the moved cache is empty and every task fails with a ConnectionError, although the data sets
+    are there."""
+    import datasets.config
+
+    env = dict(os.environ)
+    if datasets.config.HF_HUB_OFFLINE and not env.get("LMMS_EVAL_DATASETS_CACHE", "").strip():
+        env["LMMS_EVAL_DATASETS_CACHE"] = str(datasets.config.HF_DATASETS_CACHE)
+    return env
+
+
 def latest_results(output_dir: str) -> str | None:
     """The newest ``<model>/<timestamp>_results.json`` lmms-eval wrote under OUTPUT_DIR/lmms_eval."""
     found = glob.glob(os.path.join(output_dir, LMMS_DIR, "**", "*_results.json"), recursive=True)
@@ -183,7 +197,7 @@ def evaluate_with_lmms(cfg: EvalConfig, baseline: dict | None = None) -> dict:
     logger.info("running lmms-eval: %s (log: %s)", " ".join(command[3:]), log_path)
     started = latest_results(cfg.output_dir)
     with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=lmms_environment())
     path = latest_results(cfg.output_dir)
     writer = ResultsWriter(cfg.output_dir, config_header, names, baseline)
     if path is None or path == started:
