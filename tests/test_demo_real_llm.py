@@ -119,7 +119,7 @@ def test_progress_names_the_rows_and_the_seconds_per_step(quick_real, results):
     total = len(results["rows"]) * len(results["seeds"])
     lines = re.findall(rf"^\[(\d+)/{total}\] (.+?): seed (\d+), (stage [12]|one stage), step (\d+)/(\d+), "
                        r"(\d+\.\d) s/step$", stderr, flags=re.MULTILINE)
-    assert {name for _, name, *_ in lines} == {r["name"] for r in results["rows"]}
+    assert {name for _, name, *_ in lines} == {r["name"] for r in results["rows"]}, stderr[-4000:]
     assert {(int(step), int(of)) for *_, step, of, _ in lines} >= {(1, 2), (2, 2)}
     assert all(float(seconds) > 0 for *_, seconds in lines)
 
