@@ -8,14 +8,15 @@
 #   benchmarks/gpu_demo.sh --seeds 12          # more seeds where time allows
 #   benchmarks/gpu_demo.sh --cpu-tiny          # CPU dry run of the same code path (--quick sizes, 2 seeds)
 #
-# Options: --seeds N (8), --stage1-steps N (320: one pass over the 5,120 captions at batch 16), --stage2-steps N
-# (640), --test-per-template N (256), --workers N (8 processes sharing the GPU; each run is a 135M model),
-# --output-dir DIR (gpu_demo_out), --results NAME (the folder under benchmarks/results/, default demo_smollm2_gpu).
+# Options: --seeds N (8), --stage1-steps N (320: one pass over 5,120 captions at batch 16), --stage2-steps N (640),
+# --test-per-template N (256), --workers N (8 processes sharing the GPU; each run is a 135M model), --output-dir DIR
+# (gpu_demo_out), --results NAME (the folder under benchmarks/results/, default demo_smollm2_gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SEEDS=8 STAGE1=320 STAGE2=640 TEST=256 WORKERS=8 OUTPUT=gpu_demo_out RESULTS=demo_smollm2_gpu CPU_TINY=0
 PY=${PYTHON:-python}
+ROWS=no_norm,norm_default_init,norm_target_init,norm_target_init_gwc,stock  # the CPU default trains the first and fourth
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seeds) SEEDS=$2; shift 2 ;;
@@ -26,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --output-dir) OUTPUT=$2; shift 2 ;;
     --results) RESULTS=$2; shift 2 ;;
     --cpu-tiny) CPU_TINY=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "gpu_demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -39,8 +40,8 @@ if [[ $CPU_TINY == 1 ]]; then
 else
   "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || {
     echo "gpu_demo.sh: torch sees no CUDA GPU (use --cpu-tiny for a dry run on the CPU)" >&2; exit 2; }
-  ARGS=(--seeds "$SEEDS" --stage1-steps "$STAGE1" --stage2-steps "$STAGE2" --test-per-template "$TEST"
-        --device cuda --workers "$WORKERS")
+  ARGS=(--rows "$ROWS" --seeds "$SEEDS" --stage1-steps "$STAGE1" --stage2-steps "$STAGE2" --train-per-template 1024
+        --test-per-template "$TEST" --device cuda --workers "$WORKERS")
 fi
 
 START=$(date +%s)

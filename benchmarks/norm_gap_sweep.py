@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"norm gap {gap:g}: {folder}", flush=True)
         results[gap] = run_demo(folder, dataclasses.replace(base, norm_gap=gap), progress=not opts.no_progress,
                                 workers=opts.workers)
-    from llava_normaligned.io import write_json_atomic, write_text_atomic
+    from llava_normaligned.atomic_files import write_json_atomic, write_text_atomic
 
     summary = sweep_rows(results)
     command = "python benchmarks/norm_gap_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])

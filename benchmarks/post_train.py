@@ -244,7 +244,7 @@ def post_train(method: str, stage2: dict, inputs: Inputs, settings: Settings, se
                                 for name in ("accuracies", "margins")}
     record["seconds"] = {"train": train_seconds, "total": time.perf_counter() - start}
     os.makedirs(folder, exist_ok=True)
-    from llava_normaligned.io import write_json_atomic
+    from llava_normaligned.atomic_files import write_json_atomic
 
     write_json_atomic(done, record, indent=1)
     return record
@@ -459,7 +459,7 @@ def check_work_dir(work_dir: str, settings: Settings) -> None:
                 raise FileExistsError(f"--work-dir {work_dir} holds runs with other settings ({SETTINGS_FILE} "
                                       "differs); use another folder")
         return
-    from llava_normaligned.io import write_json_atomic
+    from llava_normaligned.atomic_files import write_json_atomic
 
     os.makedirs(work_dir, exist_ok=True)
     write_json_atomic(path, wanted, indent=1)
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarise(runs),
         "seconds": time.perf_counter() - start,
     }
-    from llava_normaligned.io import write_json_atomic
+    from llava_normaligned.atomic_files import write_json_atomic
 
     os.makedirs(args.output_dir, exist_ok=True)
     write_json_atomic(os.path.join(args.output_dir, "results.json"), document, indent=1)

@@ -1,17 +1,12 @@
-"""Put the paper's aligned LayerNorm into a saved vision-language model of another family (the ``align`` command is
-``llava_normaligned.commands.align``).
+"""Put the paper's aligned LayerNorm into a saved vision-language model of another family (the `align` command is
+`llava_normaligned.commands.align`; see docs/align.md).
 
-For a stock VLM (Hub id or folder) of a family ``families.anatomy`` knows, the norm-aligned LayerNorm (the model
-file's ``NormAlignedLayerNorm``: gain T / sqrt(D), Global Weight Compensation; Li et al., arXiv 2512.08374, §5.1)
-goes where the connector's output becomes the LLM's input embeddings (``Family.norm_entry``). T is measured on the
-LLM's input embeddings as everywhere in this package: the rows of the family's placeholder tokens left out
-(``Family.placeholder_token_ids``), Gemma's embedding scale counted (``scalar_embed_scale``).
-
-The written folder is a normal checkpoint: the stock weights under their own module names, plus the norm's two
-tensors (``<connector>.aligned_norm.{weight,bias}``); remote code that wraps the stock class
-(``modeling_llava_normaligned/modeling_normaligned_vlm.py``, torch + transformers only), so that it loads with
-``AutoModelForImageTextToText.from_pretrained(DIR, trust_remote_code=True)``; the family's processor files; and a
-config recording the family, the connector's path and T. See docs/align.md.
+The norm-aligned LayerNorm (gain T / sqrt(D), Global Weight Compensation; Li et al., arXiv 2512.08374, §5.1) goes
+where the family's connector output becomes the LLM's input embeddings (`Family.norm_entry`). The written folder holds
+the stock weights under their own module names plus the norm's two tensors, remote code that wraps the stock class
+(`modeling_llava_normaligned/modeling_normaligned_vlm.py`), the family's processor files and a config recording the
+family, the connector's path and T, so that it loads with `AutoModelForImageTextToText.from_pretrained(DIR,
+trust_remote_code=True)`.
 
     llava-normaligned align HuggingFaceTB/SmolVLM-256M-Instruct --output-dir smolvlm-aligned
 """
@@ -53,11 +48,30 @@ class AlignError(BadInput):
 
 
 def supported() -> str:
+    """Lists the model types `align` supports, for messages.
+
+    Returns:
+        `str`: `SUPPORTED_MODEL_TYPES` joined with `", "`.
+    """
     return ", ".join(SUPPORTED_MODEL_TYPES)
 
 
 def alignable_family(config, model_id: str) -> Family:
-    """The family of ``config`` if ``align`` can place the norm in it, else ``AlignError`` (one line, why)."""
+    """Finds the family of a config and checks that `align` can place the norm in it.
+
+    Args:
+        config (`PretrainedConfig` or `dict`):
+            The stock model's config, or its `config.json` as a dict.
+        model_id (`str`):
+            The model's name, used in the error message.
+
+    Returns:
+        `Family`: The model's family (`families.anatomy.family_of`).
+
+    Raises:
+        `AlignError`: If the model is of no known family, if its family has an `align_refusal`, or if its `model_type`
+        is not one of `SUPPORTED_MODEL_TYPES`; the one-line message says why.
+    """
     family = family_of(config)
     model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
     if family is None:
@@ -71,15 +85,47 @@ def alignable_family(config, model_id: str) -> Family:
 
 
 def norm_target_of(model) -> float:
-    """T of a stock ``model``: the mean L2 norm of its LLM's input-embedding rows, the family's placeholder rows left
-    out, times the embedding layer's own scale (Gemma multiplies its rows by sqrt(D) in ``embed_tokens``):
-    ``Anatomy.text_norm_target``, the measure training and diagnostics use."""
+    """Measures T on a stock model, as training and diagnostics do (`Anatomy.text_norm_target`).
+
+    T is the mean L2 norm of the LLM's input-embedding rows, the family's placeholder rows left out, times the embedding
+    layer's own scale (Gemma multiplies its rows by sqrt(D) in `embed_tokens`).
+
+    Args:
+        model (`PreTrainedModel`):
+            The stock model, with its input embeddings loaded.
+
+    Returns:
+        `float`: T.
+
+    Raises:
+        `ValueError`: If the model's parts cannot be found (`AnatomyError`) or T is undefined
+        (`text_embedding_norm_target`).
+    """
     return anatomy_of(model).text_norm_target()
 
 
 def aligned_config(stock_config, family: Family, norm_target: float, variant: NormVariant, source: str | None = None):
-    """The stock config as the aligned class's (``normaligned_<model_type>``), with the norm's fields; ``source``:
-    the stock model's Hub id (``norm_source``, the model card's base model), None for a local folder."""
+    """Builds the aligned config (`normaligned_<model_type>`) from a stock config and the norm's options.
+
+    Args:
+        stock_config (`PretrainedConfig`):
+            The stock model's config; every field except `model_type`, `architectures`, `auto_map` and
+            `transformers_version` is carried over.
+        family (`Family`):
+            The model's family: gives `norm_family`, `norm_connector` (`family.projector`) and `norm_entry`.
+        norm_target (`float`):
+            T.
+        variant (`NormVariant`):
+            Gives `norm_init`, `gradient_compensation` and `gradient_compensation_min`.
+        source (`str`, *optional*):
+            The stock model's Hub id, stored as `norm_source` (the model card's base model); `None` for a local folder.
+
+    Returns:
+        `PretrainedConfig`: An instance of `aligned_config_class(stock_config.model_type)`.
+
+    Raises:
+        `ValueError`: If the stock model type has no aligned config, or a norm field is invalid.
+    """
     from modeling_llava_normaligned.configuration_normaligned_vlm import aligned_config_class
 
     values = stock_config.to_dict()
@@ -99,7 +145,31 @@ def aligned_config(stock_config, family: Family, norm_target: float, variant: No
 
 
 def wrap(stock, family: Family, norm_target: float, variant: NormVariant, source: str | None = None):
-    """The aligned model holding ``stock``'s weights (the same tensors: nothing is copied) plus a new norm."""
+    """Builds the aligned model around a stock model's weights, plus a new norm.
+
+    The aligned model is built on the meta device and takes the stock model's parameters and buffers as they are (the
+    same tensors: nothing is copied). The new norm is placed on the device and in the dtype of the connector's first
+    floating-point parameter. The stock model's generation config and training mode carry over.
+
+    Args:
+        stock (`PreTrainedModel`):
+            The stock image-text-to-text model.
+        family (`Family`):
+            Its family (see `alignable_family`).
+        norm_target (`float`):
+            T (see `norm_target_of`).
+        variant (`NormVariant`):
+            The norm's init and GWC options.
+        source (`str`, *optional*):
+            The stock model's Hub id (see `aligned_config`).
+
+    Returns:
+        `NormAligned<StockForConditionalGeneration>`: The aligned model.
+
+    Raises:
+        `AlignError`: If the aligned model does not hold the stock model's weights under the same names (anything
+        missing besides the norm, or unexpected), or if a tensor is left on the meta device.
+    """
     import torch
 
     from modeling_llava_normaligned.configuration_normaligned_vlm import ALIGNED_NORM_NAME
@@ -141,9 +211,35 @@ def align(
     revision: str | None = None,
     trust_remote_code: bool | None = None,
 ):
-    """The stock VLM ``model_id`` with the aligned LayerNorm where its connector's output enters the LLM (gain
-    T / sqrt(D), or 1 with ``norm_init="default"``; GWC unless turned off). On a text-only input it computes what
-    the stock model computes. Raises ``AlignError`` for a family ``align`` does not support."""
+    """Loads a stock VLM and puts the aligned LayerNorm where its connector's output enters the LLM.
+
+    On a text-only input the result computes what the stock model computes.
+
+    Args:
+        model_id (`str`):
+            A local folder or a Hub repo id of a stock VLM of a family in `SUPPORTED_MODEL_TYPES`.
+        norm_init (`str`, *optional*, defaults to `"target"`):
+            `"target"`: gain T / sqrt(D) (paper §5.1); `"default"`: gain 1.
+        gradient_compensation (`bool`, *optional*, defaults to `True`):
+            Whether GWC is on.
+        gradient_compensation_min (`float`, *optional*, defaults to 1e-3):
+            The clamp of GWC.
+        dtype (`torch.dtype` or `str`, *optional*):
+            The dtype to load the stock model in (`loading.load_model`'s `dtype`); `None` loads it as stored.
+        revision (`str`, *optional*):
+            The Hub revision.
+        trust_remote_code (`bool`, *optional*):
+            Passed to the config and model loaders; `None` is transformers' own resolution.
+
+    Returns:
+        `NormAligned<StockForConditionalGeneration>`: The aligned model, in eval mode, with `norm_source` set to
+        `model_id` when it is a Hub id.
+
+    Raises:
+        `AlignError`: For a family `align` does not support.
+        `ValueError`: For an invalid norm option (`NormVariant`).
+        `SourceNotFound`: For a `model_id` that is neither a local folder nor a reachable Hub repo.
+    """
     variant = NormVariant(norm_init=norm_init, gradient_compensation=gradient_compensation,
                           gradient_compensation_min=gradient_compensation_min)
     config = load_config(model_id, revision=revision, trust_remote_code=trust_remote_code)
@@ -157,18 +253,47 @@ def align(
 
 
 def processor_source(model_id: str, revision: str | None) -> str:
-    """A local folder holding ``model_id``'s processor files (the folder itself, or the Hub files downloaded)."""
-    if os.path.isdir(model_id):
-        return model_id
+    """Finds a local folder holding a model's processor files.
+
+    Args:
+        model_id (`str`):
+            A local folder or a Hub repo id.
+        revision (`str`, *optional*):
+            The Hub revision.
+
+    Returns:
+        `str`: `model_id` itself (`~` expanded) when it is a folder; otherwise the folder where
+        `huggingface_hub.snapshot_download` put the repo's files that match `_PROCESSOR_PATTERNS` (`*.json`,
+        `*.jinja`, `*.txt`, `*.model`, `*.tiktoken`, `additional_chat_templates/*`).
+    """
+    folder = os.path.expanduser(model_id)  # "~/model", quoted, reaches here unexpanded
+    if os.path.isdir(folder):
+        return folder
     from huggingface_hub import snapshot_download
 
     return snapshot_download(model_id, revision=revision, allow_patterns=list(_PROCESSOR_PATTERNS))
 
 
 def copy_processor_files(source: str, output_dir: str, stock_model_type: str) -> list[str]:
-    """Copy the processor's files (tokenizer, image processor, chat template) from ``source`` to ``output_dir``;
-    when none of them names the processor class (transformers then picks it by the config's model type, which is
-    now the aligned one), name the family's in ``processor_config.json``."""
+    """Copies a checkpoint's processor files (tokenizer, image processor, chat templates) to `output_dir`.
+
+    Every top-level file is copied except `config.json`, `generation_config.json`, hidden files and weight, code and
+    card files (`_MODEL_SUFFIXES`); an `additional_chat_templates` folder is copied whole. When none of
+    `processor_config.json`, `preprocessor_config.json` and `tokenizer_config.json` names a `processor_class`,
+    transformers would pick the processor by the config's model type, which is now the aligned one, so the stock
+    family's processor class is written into `processor_config.json`.
+
+    Args:
+        source (`str`):
+            The folder to copy from (see `processor_source`).
+        output_dir (`str`):
+            An existing folder to copy into.
+        stock_model_type (`str`):
+            The stock `model_type`, which names the processor class.
+
+    Returns:
+        `list[str]`: The names of the files and folders copied from `source`.
+    """
     copied = []
     for name in sorted(os.listdir(source)):
         path = os.path.join(source, name)
@@ -204,8 +329,22 @@ def copy_processor_files(source: str, output_dir: str, stock_model_type: str) ->
 
 
 def save_aligned(model, output_dir: str, processor_source: str | None = None) -> None:
-    """Write ``model`` (weights, config, the remote code) and the processor files to ``output_dir`` through a
-    temporary folder beside it, renamed at the end: a failed or stopped run leaves nothing half-written."""
+    """Writes a model (weights, config, remote code) and its processor files to `output_dir`, atomically.
+
+    Everything is written to a temporary folder beside `output_dir`, which is renamed at the end, so a failed or stopped
+    run leaves nothing half-written.
+
+    Args:
+        model (`NormAligned<StockForConditionalGeneration>`):
+            The aligned model (see `align`).
+        output_dir (`str`):
+            The folder to write; it must not exist or be empty.
+        processor_source (`str`, *optional*):
+            A folder of processor files to copy (see `copy_processor_files`); `None` copies none.
+
+    Raises:
+        `OSError`: If `output_dir` exists and is not empty. On any error the temporary folder is removed.
+    """
     output_dir = os.path.abspath(os.path.expanduser(output_dir))
     parent = os.path.dirname(output_dir)
     os.makedirs(parent, exist_ok=True)

@@ -4,9 +4,9 @@
         --text-model meta-llama/Llama-3.2-3B-Instruct --output-dir ./llava-na-3b
     llava-normaligned convert --from-llava llava-hf/llava-1.5-7b-hf --output-dir ./llava-1.5-7b-na
 
-Both write a folder that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` (and with
-``trust_remote_code=True`` where this package is not installed). The two commands are
-``llava_normaligned.commands.compose`` and ``llava_normaligned.commands.convert``.
+Both write a folder that loads with `AutoModelForImageTextToText` + `AutoProcessor` (and with
+`trust_remote_code=True` where this package is not installed). The two commands are
+`llava_normaligned.commands.compose` and `llava_normaligned.commands.convert`.
 """
 
 from __future__ import annotations
@@ -126,9 +126,27 @@ def _is_causal_lm(config) -> bool:
 
 def check_parts(vision_model: str, text_model: str, *, revision: str | None = None, text_revision: str | None = None,
                 trust_remote_code: bool | None = TRUST_REMOTE_CODE_DEFAULT, vision_feature_layer: int = -2) -> None:
-    """From the two configs only, before any weight is read: ``vision_model`` must be a vision encoder (a
-    ``*VisionModel``, or a dual encoder with a vision half), ``text_model`` a causal LM (the two swapped is said
-    so), and ``vision_feature_layer`` one of the encoder's hidden states. A ``ValueError`` names the flag."""
+    """Checks the two models of `compose` from their configs only, before any weight is read.
+
+    Args:
+        vision_model (`str`):
+            A folder or Hub id that must be a vision encoder (a `*VisionModel`, or a dual encoder with a vision half).
+        text_model (`str`):
+            A folder or Hub id that must be a causal LM.
+        revision (`str`, *optional*):
+            The Hub revision of `vision_model`.
+        text_revision (`str`, *optional*):
+            The Hub revision of `text_model`.
+        trust_remote_code (`bool`, *optional*, defaults to `TRUST_REMOTE_CODE_DEFAULT` (`None`)):
+            Passed to the config loader.
+        vision_feature_layer (`int`, *optional*, defaults to -2):
+            Must index one of the encoder's `num_hidden_layers + 1` hidden states.
+
+    Raises:
+        `ValueError`: Naming the flag: when the two models are swapped, when `vision_model` is not a vision encoder,
+        when `text_model` is not a causal LM, or when `vision_feature_layer` is out of range. The config loader's
+        errors (`loading.load_config`) pass through.
+    """
     from .loading import load_config
 
     vision_config = load_config(vision_model, revision=revision, trust_remote_code=trust_remote_code)
@@ -149,7 +167,20 @@ def check_parts(vision_model: str, text_model: str, *, revision: str | None = No
 
 
 def input_embedding_weight(llm, name: str) -> torch.Tensor:
-    """The (vocab, width) input-embedding matrix of a causal LM, or a clear error naming the model."""
+    """Returns the input-embedding matrix of a causal LM.
+
+    Args:
+        llm (`PreTrainedModel`):
+            The causal LM.
+        name (`str`):
+            The model's name, used in the error message.
+
+    Returns:
+        `torch.Tensor` of shape `(vocab_size, hidden_size)`: The weight of `llm.get_input_embeddings()`.
+
+    Raises:
+        `ValueError`: If the LM has no input embeddings or they have no weight.
+    """
     embeddings = llm.get_input_embeddings()
     weight = getattr(embeddings, "weight", None) if embeddings is not None else None
     if weight is None:
@@ -171,7 +202,21 @@ def _select_strategy(vision_config) -> tuple[str, int]:
 
 
 def multimodal_chat_template(template: str | None, tokenizer) -> str | None:
-    """The LM's chat template, made to accept image parts. Returned unchanged when it already renders them."""
+    """Makes an LM's chat template accept image parts.
+
+    A message whose content is a list of `{"type": "image"}` / `{"type": "text"}` parts (as processors and TRL pass it)
+    is then rendered as plain text, with the image token where each image goes.
+
+    Args:
+        template (`str` or `None`):
+            The LM's chat template.
+        tokenizer (`PreTrainedTokenizerBase`):
+            The tokenizer used to try the template on a message with an image part.
+
+    Returns:
+        `str` or `None`: `None` when there is no template; `template` unchanged when it already renders image parts
+        (the image token and the text both appear); otherwise `template` preceded by `MULTIMODAL_CONTENT_PREAMBLE`.
+    """
     if not template:
         return None
     probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hello"}]}]
@@ -199,13 +244,49 @@ def compose(
     seed: int = 42,
     **norm_options,
 ):
-    """Build a norm-aligned LLaVA from a vision encoder and a causal LM, both with their pretrained weights.
+    """Builds a norm-aligned LLaVA from a vision encoder and a causal LM, both with their pretrained weights.
 
-    LLaVA-1.5 defaults: a 2-layer GELU MLP projector, features of the penultimate vision layer, the select strategy
+    LLaVA-1.5 defaults: a 2-layer GELU MLP projector, features of the penultimate vision layer, and the select strategy
     the encoder needs (SigLIP has no CLS token). T, the mean norm of the LM's non-zero text-embedding rows (the image
-    token's row left out, as everywhere: ``text_embedding_norm_target``), is stored in the config (paper §5.1).
-    The projector norm: ``norm_variant`` (default: the paper's method), or its options by name
-    (``projector_norm=None``, ``norm_init="default"``, ...; ``NormVariant``). Returns (model, processor).
+    token's row left out: `text_embedding_norm_target`), is stored in the config (paper §5.1). Both names and their
+    configs are checked (`loading.check_source`, `check_parts`) before any weight is read.
+
+    Args:
+        vision_model (`str`):
+            A folder or Hub id of a vision encoder (SigLIP, fixed-resolution SigLIP2, CLIP), or of a dual encoder whose
+            `vision_model` is used.
+        text_model (`str`):
+            A folder or Hub id of a causal LM; its tokenizer gets the image token.
+        norm_variant (`NormVariant`, *optional*):
+            The projector norm's options; defaults to the paper's method.
+        vision_feature_layer (`int`, *optional*, defaults to -2):
+            The vision hidden state the projector reads.
+        vision_feature_select_strategy (`str`, *optional*):
+            `"full"` or `"default"` (drops the CLS token); `None` picks `"full"` for SigLIP and `"default"` otherwise.
+        projector_hidden_act (`str`, *optional*, defaults to `"gelu"`):
+            The projector MLP's activation.
+        dtype (`torch.dtype` or `str`, *optional*):
+            The dtype of the whole model (see `loading.parse_dtype`); `None` or `"auto"` takes the LM's.
+        revision (`str`, *optional*):
+            The Hub revision of `vision_model`.
+        text_revision (`str`, *optional*):
+            The Hub revision of `text_model`.
+        trust_remote_code (`bool`, *optional*, defaults to `TRUST_REMOTE_CODE_DEFAULT` (`None`)):
+            Passed to the config, model and tokenizer loaders.
+        seed (`int`, *optional*, defaults to 42):
+            Seed of the projector MLP's random init (the global generator is restored afterwards).
+        **norm_options:
+            The norm's options by name (`projector_norm=None`, `norm_init="default"`, ...), applied over
+            `norm_variant` (`NormVariant.from_dict`).
+
+    Returns:
+        `tuple`: `(model, processor)`, a [`LlavaNormAlignedForConditionalGeneration`] in eval mode and its
+        `LlavaProcessor`.
+
+    Raises:
+        `ValueError`: For an unknown norm option, a model that is not what its flag asks for (`check_parts`), a NaFlex
+        SigLIP2 encoder, or weights that do not match the architecture built from their config.
+        `SourceNotFound`: For a name that is neither a local folder nor a reachable Hub repo.
     """
     norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)  # before anything is read
     check_source(vision_model, "vision model", revision=revision)  # before the imports: a typo fails at once
@@ -287,10 +368,52 @@ def compose_parts(
     seed: int = 42,
     **norm_options,
 ):
-    """``compose`` from parts already built: the vision tower (a ``*VisionModel``) with its config, the causal LM,
-    its tokenizer (with the image token added) and the vision encoder's image processor. The LM's weights may be on
-    the meta device except its input embeddings, which T is computed from. The projector norm as in ``compose``.
-    Returns (model, processor)."""
+    """Builds a norm-aligned LLaVA, as `compose` does, from parts already loaded.
+
+    The vision tower, the LM's base model and (when the embeddings are not tied) its LM head are shared with the new
+    model, not copied. The LM's weights may be on the meta device except its input embeddings, which T is computed from.
+    The tokenizer gets EOS as its pad token when it has none, and the input embeddings are resized (mean-initialised)
+    when the image token lies outside them.
+
+    Args:
+        vision_config (`PretrainedConfig`):
+            The vision tower's config (`image_size`, `patch_size`, `model_type`).
+        vision_tower (`torch.nn.Module`):
+            A `*VisionModel` with its weights.
+        llm (`PreTrainedModel`):
+            The causal LM.
+        tokenizer (`PreTrainedTokenizerBase`):
+            The LM's tokenizer, with the image token added.
+        image_processor (`BaseImageProcessor`):
+            The vision encoder's image processor.
+        vision_name (`str`):
+            The vision model's name, recorded in the config (a local path by its own name only: `public_name`) and used
+            in error messages.
+        text_name (`str`):
+            The LM's name, likewise.
+        norm_variant (`NormVariant`, *optional*):
+            As in `compose`.
+        vision_feature_layer (`int`, *optional*, defaults to -2):
+            As in `compose`.
+        vision_feature_select_strategy (`str`, *optional*):
+            As in `compose`.
+        projector_hidden_act (`str`, *optional*, defaults to `"gelu"`):
+            As in `compose`.
+        dtype (`torch.dtype`, *optional*):
+            The dtype of the whole model; `None` takes the LM's parameters' dtype.
+        seed (`int`, *optional*, defaults to 42):
+            As in `compose`.
+        **norm_options:
+            As in `compose`.
+
+    Returns:
+        `tuple`: `(model, processor)`, a [`LlavaNormAlignedForConditionalGeneration`] in eval mode and a
+        `LlavaProcessor` whose chat template accepts image parts (`multimodal_chat_template`).
+
+    Raises:
+        `ValueError`: For an unknown norm option, parts whose weights do not match the architecture built from their
+        configs, or input embeddings from which T is undefined.
+    """
     norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)
     from transformers import LlavaProcessor
 
@@ -380,9 +503,32 @@ def convert_from_llava(
     revision: str | None = None,
     **norm_options,
 ):
-    """Turn a stock ``LlavaForConditionalGeneration`` checkpoint (legacy or current key layout) into a norm-aligned
-    one. Every stock weight must be present; only the new norm is initialised, per ``norm_variant`` or the options
-    by name (as in ``compose``). Returns (model, processor)."""
+    """Turns a stock `LlavaForConditionalGeneration` checkpoint (legacy or current key layout) into a norm-aligned one.
+
+    Every stock weight must be present; only the new norm is initialised (gain T / sqrt(D) or 1, bias 0), with T
+    measured on the stock model's input embeddings without the image token's row (paper §5.1).
+
+    Args:
+        source (`str`):
+            A folder or Hub id of a stock LLaVA checkpoint (`model_type` `"llava"`).
+        norm_variant (`NormVariant`, *optional*):
+            The projector norm's options; defaults to the paper's method.
+        dtype (`torch.dtype` or `str`, *optional*):
+            The dtype to load the checkpoint in (see `loading.parse_dtype`); `None` loads it as stored.
+        revision (`str`, *optional*):
+            The Hub revision.
+        **norm_options:
+            The norm's options by name, applied over `norm_variant` (as in `compose`).
+
+    Returns:
+        `tuple`: `(model, processor)`, a [`LlavaNormAlignedForConditionalGeneration`] in eval mode and the checkpoint's
+        processor.
+
+    Raises:
+        `ValueError`: For an unknown norm option, a checkpoint that is already norm-aligned or is not a stock LLaVA, or
+        one with missing or mismatched weights.
+        `SourceNotFound`: For a name that is neither a local folder nor a reachable Hub repo.
+    """
     norm_variant = NormVariant.from_dict(norm_options, base=norm_variant)
     check_source(source, "stock LLaVA checkpoint", revision=revision)  # before the imports: a typo fails at once
     _check_stock_llava(source, revision)
@@ -425,9 +571,17 @@ def convert_from_llava(
 
 
 def stock_llava_like(model) -> LlavaForConditionalGeneration:
-    """Stock transformers ``LlavaForConditionalGeneration`` with the same configuration and weights as a
-    norm-aligned ``model``, minus the projector norm: the baseline of every comparison (tests, benchmarks, demo).
-    With ``projector_norm=None`` the two compute the same logits."""
+    """Builds the stock baseline of a norm-aligned model, for comparisons (tests, benchmarks, demo).
+
+    Args:
+        model ([`LlavaNormAlignedForConditionalGeneration`]):
+            The norm-aligned model.
+
+    Returns:
+        `LlavaForConditionalGeneration`: A stock LLaVA with `model`'s configuration without the norm fields, and its
+        weights except the projector norm's (loaded with `strict=True`), in `model`'s dtype and training mode. With
+        `projector_norm=None` the two compute the same logits.
+    """
     from transformers import LlavaConfig, LlavaForConditionalGeneration
     from transformers.initialization import no_init_weights
 
@@ -443,7 +597,16 @@ def stock_llava_like(model) -> LlavaForConditionalGeneration:
 
 
 def save(model, processor, output_dir: str) -> None:
-    """Write model (safetensors + remote code) and processor to ``output_dir``."""
+    """Writes a model (safetensors and remote code) and its processor to `output_dir`, creating the folder.
+
+    Args:
+        model ([`LlavaNormAlignedForConditionalGeneration`]):
+            The model to save.
+        processor (`ProcessorMixin`):
+            Its processor.
+        output_dir (`str`):
+            The folder to write to.
+    """
     os.makedirs(output_dir, exist_ok=True)
     model.save_pretrained(output_dir)
     processor.save_pretrained(output_dir)

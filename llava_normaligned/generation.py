@@ -1,7 +1,7 @@
 """Answer prompts about images with a loaded LLaVA-style model: one prompt streamed, or many in left-padded batches.
 
-A prompt is plain text; its images become ``{"type": "image"}`` parts of one user message, rendered by the
-processor's chat template, so the image token is placed by the template, never typed by the caller.
+A prompt is plain text; its images become `{"type": "image"}` parts of one user message, rendered by the processor's
+chat template, so the image token is placed by the template, never typed by the caller.
 
     model, processor = load_model("./llava-na-3b", quantization="4bit")
     generate_batch(model, processor, ["What colour is the shape?", "Describe both."], [img, [img_a, img_b]])
@@ -26,7 +26,19 @@ ImageLike = Image.Image | str | os.PathLike
 
 
 def open_image(source: ImageLike) -> Image.Image:
-    """A PIL image in RGB from an image or a path. Raises FileNotFoundError / ValueError naming the path."""
+    """Opens an image as RGB.
+
+    Args:
+        source (`PIL.Image.Image`, `str` or `os.PathLike`):
+            An image, or the path of an image file.
+
+    Returns:
+        `PIL.Image.Image`: The image in RGB mode (`source` itself when it is already an RGB image).
+
+    Raises:
+        `FileNotFoundError`: If the path is not a file.
+        `ValueError`: If PIL cannot read the file; the message names the path.
+    """
     if isinstance(source, Image.Image):
         return source.convert("RGB") if source.mode != "RGB" else source
     path = os.fspath(source)
@@ -40,7 +52,17 @@ def open_image(source: ImageLike) -> Image.Image:
 
 
 def check_image_path(path: str | os.PathLike) -> None:
-    """Cheap up-front check (file exists, header is an image) so that a bad path fails before a model loads."""
+    """Checks that a path is an image file PIL can read (its header only), so that a bad path fails before a
+    model loads.
+
+    Args:
+        path (`str` or `os.PathLike`):
+            The image file.
+
+    Raises:
+        `FileNotFoundError`: If the path is not a file.
+        `ValueError`: If PIL cannot read the file's header.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"image not found: {path}")
@@ -75,7 +97,20 @@ def _images_per_prompt(images, n_prompts: int) -> list[list[ImageLike]]:
 
 
 def build_messages(prompt: str, n_images: int, system: str | None = None) -> list[dict]:
-    """One user turn: ``n_images`` image parts, then the text (LLaVA-1.5 puts the image before the question)."""
+    """Builds the chat messages of one prompt: a user turn with the image parts, then the text (LLaVA-1.5 puts the
+    image before the question).
+
+    Args:
+        prompt (`str`):
+            The question.
+        n_images (`int`):
+            The number of `{"type": "image"}` parts.
+        system (`str`, *optional*):
+            A system message, put first when given (and not empty).
+
+    Returns:
+        `list[dict]`: The messages, each content a list of parts.
+    """
     content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": prompt}]
     messages = [{"role": "user", "content": content}]
     if system:
@@ -84,7 +119,26 @@ def build_messages(prompt: str, n_images: int, system: str | None = None) -> lis
 
 
 def render_prompt(processor, prompt: str, n_images: int, system: str | None = None) -> str:
-    """The prompt text the model sees: the chat template applied, ending with the assistant's turn opener."""
+    """Renders a prompt as the model sees it: the chat template applied, ending with the assistant's turn opener.
+
+    Args:
+        processor (`ProcessorMixin`):
+            The model's processor, with a chat template.
+        prompt (`str`):
+            The question, without image tokens.
+        n_images (`int`):
+            The number of images that go with it.
+        system (`str`, *optional*):
+            A system message.
+
+    Returns:
+        `str`: The rendered prompt text.
+
+    Raises:
+        `TypeError`: If `prompt` is not a string.
+        `ValueError`: If `prompt` contains the processor's image token (the template places one per image), or the
+        processor has no chat template.
+    """
     if not isinstance(prompt, str):
         raise TypeError(f"prompt: expected a string, got {type(prompt).__name__}")
     image_token = getattr(processor, "image_token", None) or getattr(processor.tokenizer, "image_token", None)
@@ -115,8 +169,31 @@ def _padding_token(tokenizer) -> str | None:
 
 
 def prepare_inputs(model, processor, prompts: Sequence[str], images: list[list[ImageLike]], system: str | None = None):
-    """Tokenise a batch, left-padded (generation appends on the right), with pixel values on the model's device.
-    The tokenizer's padding side (and pad token, set to EOS for the call when it has none) are restored after."""
+    """Tokenises a batch of prompts with their images, left-padded (generation appends on the right).
+
+    The tokenizer's padding side, and its pad token (set to EOS for the call when it has none), are restored afterwards.
+
+    Args:
+        model (`PreTrainedModel`):
+            The model; gives the device and the vision tower's dtype.
+        processor (`ProcessorMixin`):
+            The model's processor.
+        prompts (`Sequence[str]`):
+            The prompts.
+        images (`list[list]`):
+            One list of images (PIL images or paths) per prompt, possibly empty.
+        system (`str`, *optional*):
+            A system message for every prompt.
+
+    Returns:
+        `BatchFeature`: The processor's output on the model's device: `input_ids` and `attention_mask` of shape
+        `(batch_size, sequence_length)`, and, when there are images, `pixel_values` in the vision tower's dtype (its
+        shape is the family processor's, e.g. `(num_images, num_channels, height, width)` for LLaVA).
+
+    Raises:
+        `TypeError`, `ValueError`, `FileNotFoundError`: As `render_prompt` and `open_image` raise them, and a
+        `ValueError` when the tokenizer has neither a pad nor an EOS token.
+    """
     texts = [render_prompt(processor, p, len(imgs), system) for p, imgs in zip(prompts, images)]
     flat = [open_image(image) for imgs in images for image in imgs]
     tokenizer = processor.tokenizer
@@ -173,10 +250,24 @@ PLACEHOLDER_TOKEN_PATTERN = re.compile(  # added tokens matched by name
 
 
 def placeholder_token_ids(model, processor) -> list[int]:
-    """Ids decoding must never emit: image and video placeholders, vision start/end markers, Idefics3/SmolVLM's
-    tile tokens, Gemma3's start/end of image, Pixtral's row break and end, InternVL's ``<img>``/``</img>``, Ovis2's
-    indicator tokens; read from the model's config (and its family's ``anatomy.Family.placeholder_token_ids``), the
-    processor, and the tokenizer's added tokens. ``generate``, ``eval`` and ``diagnose`` all suppress exactly these."""
+    """Lists the token ids decoding must never emit; `generate`, `eval` and `diagnose` all suppress exactly these.
+
+    A generated image token has no image features behind it, so the next decoding step fails; the other placeholders
+    only mean something where the processor wrote them around image features. The ids are the image and video
+    placeholders, vision start/end markers, Idefics3/SmolVLM's tile tokens, Gemma3's start/end of image, Pixtral's row
+    break and end, InternVL's `<img>`/`</img>` and Ovis2's indicator tokens, read from the model's config (and its
+    family's `Family.placeholder_token_ids`), the processor and the tokenizer's added tokens.
+
+    Args:
+        model (`PreTrainedModel`):
+            The model; its config and generation config are read.
+        processor (`ProcessorMixin` or `PreTrainedTokenizerBase`):
+            The processor, or a tokenizer.
+
+    Returns:
+        `list[int]`: The ids, sorted, without EOS ids and ids outside the text vocabulary (a token string that the
+        tokenizer maps to its unknown token is skipped).
+    """
     config = getattr(model, "config", None)
     tokenizer = getattr(processor, "tokenizer", processor)
     ids = {getattr(config, key, None) for key in PLACEHOLDER_CONFIG_KEYS}
@@ -241,10 +332,20 @@ def _batches(n: int, batch_size: int) -> Iterator[range]:
 
 @torch.inference_mode()
 def without_image_tags(text: str, *tags: str | None) -> str:
-    """A prompt's text as the model is given it: typed image tags taken out (LLaVA's ``<image>``, and ``tags``, e.g. a
-    processor's own image token; the chat template places one per image) and outer white space trimmed.
-    The one rule for every reader of LLaVA-format questions: the evaluation engines, the demo's scorer and
-    ``train``'s held-out accuracy."""
+    """Takes typed image tags out of a prompt's text, as the model is given it.
+
+    The one rule for every reader of LLaVA-format questions: the evaluation engines, the demo's scorer and `train`'s
+    held-out accuracy.
+
+    Args:
+        text (`str`):
+            The prompt text.
+        *tags (`str` or `None`):
+            Tags to remove besides LLaVA's `<image>`, e.g. a processor's own image token; `None` entries are skipped.
+
+    Returns:
+        `str`: The text without the tags, outer white space trimmed.
+    """
     for tag in (IMAGE_TOKEN, *tags):
         if tag:
             text = text.replace(tag, "")
@@ -263,8 +364,37 @@ def generate_batch(
     system: str | None = None,
     **generate_kwargs,
 ) -> list[str]:
-    """Answers to ``prompts``, in order. ``images`` has one entry per prompt: None, an image (PIL or path) or a list
-    of images. Greedy unless ``temperature > 0``; other keyword arguments go to ``model.generate``."""
+    """Answers prompts in batches.
+
+    Args:
+        model (`PreTrainedModel`):
+            The model.
+        processor (`ProcessorMixin`):
+            Its processor, with a chat template.
+        prompts (`Sequence[str]`):
+            The prompts (a single string is refused).
+        images (`Sequence`, *optional*):
+            One entry per prompt: `None`, an image (PIL image or path), or a list of images.
+        max_new_tokens (`int`, *optional*, defaults to 128):
+            The most tokens generated per answer.
+        batch_size (`int`, *optional*, defaults to 8):
+            Prompts per `generate` call.
+        temperature (`float`, *optional*, defaults to 0.0):
+            Sampling temperature; greedy decoding unless it is > 0.
+        system (`str`, *optional*):
+            A system message for every prompt.
+        **generate_kwargs:
+            Passed to `model.generate`; `suppress_tokens` is merged with the generation config's and the placeholder
+            tokens (`placeholder_token_ids`).
+
+    Returns:
+        `list[str]`: The answers, in the order of `prompts`, decoded without special tokens and stripped.
+
+    Raises:
+        `TypeError`: If `prompts` is a string, or `images` is a single image.
+        `ValueError`: If `images` has not one entry per prompt, `max_new_tokens` or `batch_size` is < 1, or no pad
+        token id can be found; and as `prepare_inputs` raises it (as do `FileNotFoundError` for a missing image).
+    """
     if isinstance(prompts, str):
         raise TypeError("prompts: expected a list of strings, got one string")
     prompts = list(prompts)
@@ -292,8 +422,36 @@ def stream_answer(
     streamer=None,
     **generate_kwargs,
 ) -> str:
-    """Answer one prompt, printing the answer to stdout as it is generated (or feeding ``streamer``, e.g. a
-    ``TextIteratorStreamer``); returns the whole answer. ``images``: None, one image (PIL or path) or a list."""
+    """Answers one prompt, printing the answer to stdout as it is generated, or feeding `streamer`.
+
+    Args:
+        model (`PreTrainedModel`):
+            The model.
+        processor (`ProcessorMixin`):
+            Its processor, with a chat template.
+        prompt (`str`):
+            The prompt.
+        images (`PIL.Image.Image`, `str`, `os.PathLike` or a sequence of them, *optional*):
+            `None`, one image (PIL image or path), or a list of images.
+        max_new_tokens (`int`, *optional*, defaults to 256):
+            The most tokens generated.
+        temperature (`float`, *optional*, defaults to 0.0):
+            Sampling temperature; greedy decoding unless it is > 0.
+        system (`str`, *optional*):
+            A system message.
+        streamer (`BaseStreamer`, *optional*):
+            Where the tokens go as they are generated, e.g. a `TextIteratorStreamer`; defaults to a `TextStreamer` that
+            prints the answer without the prompt and special tokens.
+        **generate_kwargs:
+            Passed to `model.generate`, as in `generate_batch`.
+
+    Returns:
+        `str`: The whole answer, decoded without special tokens and stripped.
+
+    Raises:
+        `TypeError`: If `prompt` is not a string.
+        `ValueError`: If `max_new_tokens` is < 1, or as `prepare_inputs` raises it.
+    """
     from transformers import TextStreamer
 
     if not isinstance(prompt, str):

@@ -1,37 +1,18 @@
-"""Load a checkpoint: one loader for train, generate, eval, diagnose and the card.
+"""Load a checkpoint: the one loader behind train, generate, eval, diagnose and the model card.
 
     model, processor = load_model("./llava-na-3b")                       # full precision, eval mode
     model, processor = load_model("org/name", quantization="4bit")       # the LLM in NF4, checked
     model, processor = load_model("./ckpt", quantization="4bit", for_training=True)   # QLoRA's base
 
-One quantization config, ``quantization_config``: 4-bit NF4 with double quantization (the QLoRA recipe: the second
-quantization of the block scales saves about 0.4 bit per parameter, in training and inference alike), or LLM.int8.
-Only the language model's linear layers are quantized. The vision tower, the projector with its norm and ``lm_head``
-stay in floating point: the tower and projector are the path every image token takes and a small share of a model
-whose LLM dominates; the norm's gain T/sqrt(D) (paper §5.1) stays exact with them; ``lm_head`` is what transformers
-keeps by default. Which modules these are comes from the model's family (``anatomy.Family.keep_unquantized``), by
-full module path. After loading, the module tree is checked; a model that is not quantized as asked is never
-returned.
-
-Where training and inference differ, and why:
-
-* Compute dtype of the 4-bit matmuls. Inference: a requested 16-bit dtype, else bf16 (fp16 on a GPU without bf16):
-  no gradient flows, and on the tiny model bf16 and fp32 compute gave identical logits, bf16 being the faster.
-  Training: the dtype the run asks for (``--dtype``), fp32 when none is given: the adapters' gradients flow back
-  through the dequantized matmul, and the run's precision is the trainer's choice (``--bf16``/``--fp16`` autocast),
-  not the loader's.
-* Placement. Inference puts the model on a device (``device``, the best available one when quantized). Training
-  leaves a full-precision model where it loads (the Trainer places it); a quantized one goes to this process's GPU
-  (``LOCAL_RANK``) or the CPU, since bitsandbytes quantizes while loading onto the device.
-* Mode. Inference returns the model in eval mode and merges a PEFT adapter into a full-precision base; training
-  leaves the mode to the Trainer.
-
-One ``trust_remote_code`` default, ``TRUST_REMOTE_CODE_DEFAULT = None``: transformers' own resolution, which loads
-this package's model and stock LLaVA with the installed classes and runs no code from the checkpoint. One dtype
-default, ``DTYPE_DEFAULT = "auto"`` (as stored), and one dtype parser, ``parse_dtype``. What a load takes is one
-frozen ``LoadOptions``; every command that loads a model has the same flags for it (``flags.add_load_flags``, read
-by ``LoadOptions.from_args``); ``train`` builds its ``LoadOptions`` from its own fields. A name that is no local folder and no Hub repo fails before anything is downloaded
-(``check_source``), with one line naming it; at once where the Hub cannot be reached (``hub_unreachable``).
+Quantization (4-bit NF4 with double quantization, the QLoRA recipe, or LLM.int8) applies to the language model's
+linear layers only. The vision tower, the projector with its norm and `lm_head` stay in floating point: every image
+token passes through the first two, which are a small share of the model, and the norm's gain T / sqrt(D) (paper §5.1)
+stays exact. The module tree is checked after loading, and a model that is not quantized as asked is never returned.
+Training differs from inference in the 4-bit compute dtype (the run's dtype, fp32 by default, since the adapters'
+gradients flow through the dequantized matmul), in placement (the Trainer places a full-precision model) and in mode
+(left to the Trainer, no adapter merge). A name that is neither a local folder nor a Hub repo fails before anything is
+downloaded (`check_source`). `TRUST_REMOTE_CODE_DEFAULT` (None) is transformers' own resolution, which loads this
+package's model and stock LLaVA with the installed classes and runs no code from the checkpoint.
 """
 
 from __future__ import annotations
@@ -83,8 +64,19 @@ DTYPE_NAMES = {  # accepted name -> torch dtype name
 
 
 def parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """``None`` / ``"auto"`` -> None (as stored); a torch dtype or one of ``DTYPE_NAMES`` -> that dtype. The one
-    dtype parser of every command (``--dtype``) and of the Python API; ValueError for anything else."""
+    """Parses a dtype: the one dtype parser of every command (`--dtype`) and of the Python API.
+
+    Args:
+        dtype (`torch.dtype`, `str` or `None`):
+            `None` or `"auto"` (as stored), a `torch.dtype`, or one of the names in `DTYPE_NAMES` (`"float32"`,
+            `"fp32"`, `"float"`, `"bfloat16"`, `"bf16"`, `"float16"`, `"fp16"`, `"half"`).
+
+    Returns:
+        `torch.dtype` or `None`: The dtype; `None` for `None` and `"auto"`.
+
+    Raises:
+        `ValueError`: For any other value.
+    """
     if dtype is None or dtype == "auto":
         return None
     if isinstance(dtype, str):
@@ -115,7 +107,11 @@ def _device_available(device: torch.device) -> bool:
 
 
 def best_device() -> torch.device:
-    """The first available of cuda, xpu, mps, cpu."""
+    """Picks the best available device.
+
+    Returns:
+        `torch.device`: The first available of `cuda:0`, `xpu:0` and `mps`, else `cpu`.
+    """
     import torch
 
     for name in ("cuda", "xpu", "mps"):
@@ -125,7 +121,18 @@ def best_device() -> torch.device:
 
 
 def parse_device(device: str | torch.device) -> torch.device:
-    """Parse a device string; ValueError for one that is not a device type this package runs on."""
+    """Parses a device name, without checking that this machine has the device.
+
+    Args:
+        device (`str` or `torch.device`):
+            A device such as `"cpu"`, `"cuda"`, `"cuda:1"`, `"mps"` or `"xpu"` (`"auto"` is read by `resolve_device`).
+
+    Returns:
+        `torch.device`: The parsed device.
+
+    Raises:
+        `ValueError`: If torch cannot parse `device`, or its type is not one of `DEVICE_TYPES`.
+    """
     import torch
 
     try:
@@ -140,8 +147,19 @@ def parse_device(device: str | torch.device) -> torch.device:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """Parse and check a device: ``"auto"`` picks the best available one. Raises ValueError for a string that is
-    not a device this package runs on, RuntimeError for a device this machine does not have."""
+    """Parses a device and checks that this machine has it.
+
+    Args:
+        device (`str`, `torch.device` or `None`):
+            `None` or `"auto"` for the best available device (`best_device`), or a device (see `parse_device`).
+
+    Returns:
+        `torch.device`: The device; a CUDA device without an index gets the current CUDA device's index.
+
+    Raises:
+        `ValueError`: For a name that is not a device this package runs on.
+        `RuntimeError`: For a device this machine does not have.
+    """
     import torch
 
     if device is None or device == "auto":
@@ -164,7 +182,15 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def require_bitsandbytes():
-    """Import bitsandbytes or raise an ImportError that says how to install it."""
+    """Imports bitsandbytes.
+
+    Returns:
+        `module`: The `bitsandbytes` module.
+
+    Raises:
+        `ImportError`: If bitsandbytes is not installed, or fails to import (e.g. a binary built for another CUDA); the
+        message says how to install it.
+    """
     from .console import quiet_known_notices
 
     quiet_known_notices()  # its optional-kernel notice at import (see there)
@@ -182,7 +208,20 @@ def require_bitsandbytes():
 
 
 def check_quantization_device(mode: str, device: torch.device) -> None:
-    """Raise RuntimeError when the installed bitsandbytes has no backend for ``device``."""
+    """Checks that the installed bitsandbytes has a backend for `device`.
+
+    bitsandbytes >= 0.46 lists its backends (`supported_torch_devices`); older releases are taken to run on CUDA only.
+
+    Args:
+        mode (`str`):
+            `"4bit"` or `"8bit"`, named in the message.
+        device (`torch.device`):
+            The device the model is to be loaded onto.
+
+    Raises:
+        `RuntimeError`: If bitsandbytes does not support `device.type`.
+        `ImportError`: If bitsandbytes cannot be imported (`require_bitsandbytes`).
+    """
     bnb = require_bitsandbytes()
     # bitsandbytes >= 0.46 lists its backends; older releases ran on CUDA only.
     supported = set(getattr(bnb, "supported_torch_devices", {"cuda"}))
@@ -195,11 +234,22 @@ def check_quantization_device(mode: str, device: torch.device) -> None:
 
 
 def compute_dtype_for(device: torch.device, dtype: torch.dtype | None, training: bool = False) -> torch.dtype:
-    """The dtype the quantized matmuls compute in (see the module docstring for why training differs).
+    """Picks the dtype the quantized matmuls compute in (see the module docstring for why training differs).
 
-    Inference: a requested 16-bit dtype, else bf16 (fp16 on a GPU without it). On CPU, bitsandbytes 0.50 repacks
-    4-bit weights for its own kernel; bf16 and fp32 compute gave identical logits on the tiny model there, bf16
-    being the faster (docs/inference.md). Training: the requested dtype, fp32 when none is given."""
+    Args:
+        device (`torch.device`):
+            The device the model runs on.
+        dtype (`torch.dtype` or `None`):
+            The requested dtype.
+        training (`bool`, *optional*, defaults to `False`):
+            Whether the model is loaded for training.
+
+    Returns:
+        `torch.dtype`: In training, `dtype`, or float32 when none is given. In inference, `dtype` when it is bfloat16 or
+        float16, else bfloat16 (float16 on a CUDA GPU without bfloat16). On CPU, bitsandbytes 0.50 repacks 4-bit weights
+        for its own kernel, and bfloat16 and float32 compute gave identical logits on the tiny model there, bfloat16
+        being the faster (docs/inference.md).
+    """
     import torch
 
     if training:
@@ -214,9 +264,25 @@ def compute_dtype_for(device: torch.device, dtype: torch.dtype | None, training:
 def quantization_config(
     mode: str, compute_dtype: torch.dtype | None = None, *, quant_type: str = "nf4", keep_unquantized=None
 ):
-    """The one ``BitsAndBytesConfig`` of a mode: 4-bit (NF4 by default; ``quant_type="fp4"`` for training's
-    ``--bnb_4bit_quant_type``) with double quantization, or LLM.int8; both keep ``keep_unquantized`` (default: the
-    LLaVA family's ``KEEP_UNQUANTIZED``) in floating point."""
+    """Builds the one `BitsAndBytesConfig` of a quantization mode.
+
+    Args:
+        mode (`str`):
+            `"4bit"` (4-bit with double quantization) or `"8bit"` (LLM.int8).
+        compute_dtype (`torch.dtype`, *optional*):
+            The 4-bit compute dtype; `None` for bfloat16. Not used in 8-bit mode.
+        quant_type (`str`, *optional*, defaults to `"nf4"`):
+            The 4-bit data type: `"nf4"`, or `"fp4"` (training's `--bnb_4bit_quant_type`).
+        keep_unquantized (`Iterable[str]`, *optional*):
+            Module paths kept in floating point (`llm_int8_skip_modules`); `None` for the LLaVA family's
+            `KEEP_UNQUANTIZED`.
+
+    Returns:
+        `transformers.BitsAndBytesConfig`: The config.
+
+    Raises:
+        `ValueError`: If `mode` is not `"4bit"` or `"8bit"`.
+    """
     import torch
     from transformers import BitsAndBytesConfig
 
@@ -236,8 +302,18 @@ def quantization_config(
 
 
 def stored_quantization(config) -> str | None:
-    """The bitsandbytes mode a checkpoint was saved in ("4bit"/"8bit"), None if it is not quantized. Raises for
-    another quantization method, which this loader does not verify."""
+    """Reads the bitsandbytes mode a checkpoint was saved in.
+
+    Args:
+        config (`PretrainedConfig`):
+            The checkpoint's config; its `quantization_config` may be a dict or an object with `to_dict()`.
+
+    Returns:
+        `str` or `None`: `"4bit"` or `"8bit"`; `None` if the checkpoint is not quantized.
+
+    Raises:
+        `ValueError`: For another quantization method, which this loader does not verify.
+    """
     stored = getattr(config, "quantization_config", None)
     if stored is None:
         return None
@@ -268,7 +344,22 @@ _INT8_NOTICE_FILTER = _DropInt8CastNotice()
 
 @dataclass
 class QuantizationReport:
-    """What ``verify_quantization`` found: which layers are quantized and what the kept modules hold."""
+    """What `verify_quantization` found: which layers are quantized and what the kept modules hold.
+
+    Args:
+        mode (`str` or `None`):
+            `"4bit"`, `"8bit"`, or `None` for full precision.
+        device (`str`):
+            The model's device.
+        quantized_layers (`list[str]`):
+            The full paths of the bitsandbytes linear layers in the language model.
+        kept (`dict[str, str]`):
+            Each module kept in floating point (full path) -> the dtype(s) of its parameters, joined with `/`.
+        compute_dtype (`str`, *optional*):
+            The quantized layers' compute dtype (`"float16 (int8 matmul)"` for 8-bit).
+        footprint_bytes (`int`, *optional*, defaults to 0):
+            The model's memory footprint (`get_memory_footprint()`).
+    """
 
     mode: str | None
     device: str
@@ -278,6 +369,12 @@ class QuantizationReport:
     footprint_bytes: int = 0
 
     def summary(self) -> str:
+        """Describes the report in one line for the log.
+
+        Returns:
+            `str`: E.g. `"full precision on cpu; 12.3 MiB"`, or the mode, device, compute dtype, the number of quantized
+            LLM linear layers, the kept modules with their dtypes and the footprint in MiB.
+        """
         kept = ", ".join(f"{path} ({dtype})" for path, dtype in self.kept.items())
         if self.mode is None:
             return f"full precision on {self.device}; {self.footprint_bytes / 2**20:.1f} MiB"
@@ -297,8 +394,26 @@ def _is_bnb_linear(module: nn.Module) -> bool:
 
 
 def verify_quantization(model: nn.Module, mode: str | None) -> QuantizationReport:
-    """Walk the module tree: no bitsandbytes layer under the family's ``keep_unquantized()``, and (when ``mode`` is set) every
-    linear layer of the language model quantized in that mode. Raises RuntimeError otherwise."""
+    """Checks a loaded model's module tree against the quantization mode asked for.
+
+    No bitsandbytes layer may sit under a module of the family's `keep_unquantized()` (the LLaVA family's for a model
+    type in no family), and, when `mode` is set, every linear layer of the language model must be a bitsandbytes layer
+    of that mode.
+
+    Args:
+        model (`torch.nn.Module`):
+            The loaded model.
+        mode (`str` or `None`):
+            `"4bit"`, `"8bit"`, or `None` (only the kept modules are checked).
+
+    Returns:
+        `QuantizationReport`: What was found, with the model's memory footprint.
+
+    Raises:
+        `RuntimeError`: If a kept module is missing or holds a quantized layer, or if the language model is not
+        quantized as `mode` (a plain `nn.Linear` left, a layer of the other kind, or none quantized).
+        `ImportError`: If `mode` is set and bitsandbytes cannot be imported.
+    """
     from torch import nn
 
     report = QuantizationReport(mode=mode, device=str(getattr(model, "device", "?")))
@@ -342,25 +457,47 @@ def verify_quantization(model: nn.Module, mode: str | None) -> QuantizationRepor
 
 
 def register_local_model() -> None:
-    """Make this package's model known to the Auto classes in this process (importing ``modeling_llava_normaligned``
-    registers it), so that its checkpoints load with transformers' default ``trust_remote_code=None``: transformers
-    then prefers the installed classes and runs no code from the checkpoint. The same holds for the stock models
-    ``align`` wrote (``normaligned_<model_type>``)."""
+    """Registers this package's model and the aligned stock models (`normaligned_<model_type>`, written by
+    `align`) with the Auto classes in this process.
+
+    Their checkpoints then load with transformers' default `trust_remote_code=None`: transformers prefers the installed
+    classes and runs no code from the checkpoint.
+    """
     import modeling_llava_normaligned
 
     modeling_llava_normaligned.register_aligned_auto_classes()
 
 
 def is_commit_hash(revision: str | None) -> bool:
-    """A full 40-hex commit id: the only revision that cannot move after it was reviewed (branches and tags can)."""
+    """Tells whether a revision is a full commit id, the only revision that cannot move after it was reviewed
+    (branches and tags can).
+
+    Args:
+        revision (`str` or `None`):
+            A Hub revision.
+
+    Returns:
+        `bool`: `True` for 40 lowercase hexadecimal characters.
+    """
     return bool(revision) and re.fullmatch(r"[0-9a-f]{40}", revision) is not None
 
 
 def warn_unpinned_remote_code(model_name_or_path: str, revision: str | None, trust_remote_code: bool | None) -> None:
-    """Warn when remote code is trusted for a Hub repo at a branch or tag: whoever can push to it can change the code
-    that runs here after it was reviewed. A local folder's code is on this machine; a commit hash cannot change.
-    (transformers 5 prefers classes registered in this process, so this package's own model never runs remote code
-    where it is installed; the warning is about what trusting permits.)"""
+    """Warns when remote code is trusted for a Hub repo at a branch or tag.
+
+    Whoever can push to the repo can change the code that runs here after it was reviewed. A local folder's code is on
+    this machine and a commit hash cannot change, so neither is warned about. (transformers 5 prefers classes registered
+    in this process, so this package's own model never runs remote code where it is installed; the warning is about what
+    trusting permits.)
+
+    Args:
+        model_name_or_path (`str`):
+            A local folder or a Hub repo id.
+        revision (`str` or `None`):
+            The Hub revision; `None` is `main`.
+        trust_remote_code (`bool` or `None`):
+            Only `True` is warned about.
+    """
     if trust_remote_code is not True or os.path.isdir(os.path.expanduser(model_name_or_path)):
         return
     if is_commit_hash(revision):
@@ -384,8 +521,17 @@ REPO_ID_SHAPE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def looks_like_path(name: str) -> bool:
-    """A name no Hub repo id can be (absolute, ./, ../, ~, more than one slash, a space): a missing folder is then
-    reported as such, without asking the Hub."""
+    """Tells whether a name can only be a local path, so that a missing folder is reported as such without
+    asking the Hub.
+
+    Args:
+        name (`str`):
+            A model name.
+
+    Returns:
+        `bool`: `True` for an absolute path, a name starting with `.` or `~`, one containing `..`, and any name that is
+        not shaped like a Hub repo id (`REPO_ID_SHAPE`: more than one slash, a space, ...).
+    """
     return os.path.isabs(name) or name.startswith((".", "~")) or ".." in name or not REPO_ID_SHAPE.match(name)
 
 
@@ -408,7 +554,11 @@ def _check_model_folder(path: str, name: str, what: str) -> None:
 
 
 def hub_offline() -> bool:
-    """``HF_HUB_OFFLINE`` set to a true value: nothing may be asked of the Hub."""
+    """Tells whether nothing may be asked of the Hub.
+
+    Returns:
+        `bool`: `True` when `HF_HUB_OFFLINE` is set to `1`, `ON`, `YES` or `TRUE` (in any case).
+    """
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
@@ -427,13 +577,22 @@ def _connect(host: str, port: int, timeout: float) -> str | None:
 
 
 def hub_unreachable(timeout: float = HUB_CONNECT_TIMEOUT) -> str | None:
-    """Why the Hub endpoint (``huggingface_hub.constants.ENDPOINT``, which honours ``HF_ENDPOINT``) cannot be
-    reached from here, or None when it can: DNS and a TCP connect to it (to the proxy instead, where the environment
-    sets one for it, as the Hub client would), within ``timeout`` seconds in all (a DNS lookup has no timeout of its
-    own, so it runs in a thread that is not waited for beyond it). A place reached once is not asked again in this
-    process; one that failed is asked again next time (a network that comes back is seen). A lookup that cannot
-    happen is refused at once instead of after the Hub client's retries. Only a failed connection counts as
-    unreachable; an endpoint this cannot read is left to the Hub client."""
+    """Tells why the Hub endpoint cannot be reached from here, so that a lookup that cannot happen is refused at
+    once instead of after the Hub client's retries.
+
+    The endpoint is `huggingface_hub.constants.ENDPOINT` (which honours `HF_ENDPOINT`), or the proxy the environment
+    sets for it, as the Hub client would use. The probe is a DNS lookup and a TCP connect run in a daemon thread that is
+    not waited for beyond `timeout` (a DNS lookup has no timeout of its own). A host and port reached once are not asked
+    again in this process; one that failed is asked again next time.
+
+    Args:
+        timeout (`float`, *optional*, defaults to `HUB_CONNECT_TIMEOUT` (3.0)):
+            Seconds to wait in all.
+
+    Returns:
+        `str` or `None`: The reason (the connection error, or that no answer came within `timeout`); `None` when the
+        endpoint was reached, or when its URL or proxy cannot be parsed here (left to the Hub client).
+    """
     from huggingface_hub import constants
 
     parts = urllib.parse.urlsplit(constants.ENDPOINT)
@@ -470,13 +629,27 @@ def _in_hub_cache(name: str, revision: str | None) -> bool:
 
 
 def check_source(name: str, what: str = "model", *, revision: str | None = None, weights: bool = True) -> None:
-    """Refuse, before anything is downloaded, a ``name`` that cannot be loaded: a path-like name that is no folder,
-    a folder without a config or (``weights``) without weights, or a Hub id the local cache does not hold when the Hub
-    cannot be asked: ``HF_HUB_OFFLINE`` set, or its endpoint not reachable from here (``hub_unreachable``: at once,
-    not after the Hub client's retries). ``SourceNotFound`` names the input and the way out in one line. A Hub id
-    with the Hub reachable is left to the Hub (``load_config`` words its answer).
+    """Refuses, before anything is downloaded, a model name that cannot be loaded.
 
-    This is where a name that is no local folder becomes a Hub id: every command checks its model names here first."""
+    This is where a name that is no local folder becomes a Hub id: every command checks its model names here first. A
+    Hub id with the Hub reachable is left to the Hub (`load_config` words its answer).
+
+    Args:
+        name (`str`):
+            A local folder or a Hub repo id.
+        what (`str`, *optional*, defaults to `"model"`):
+            What the name is, for the message (e.g. `"vision model"`).
+        revision (`str`, *optional*):
+            The Hub revision, for the cache lookup.
+        weights (`bool`, *optional*, defaults to `True`):
+            Whether a local folder must also hold weights (`WEIGHT_FILE`); it must always hold `config.json` or
+            `adapter_config.json`.
+
+    Raises:
+        `SourceNotFound`: In one line naming the input and the way out: for an empty or non-string name, a file, a
+        path-like name that is no folder, a folder without a config or (with `weights`) without weights, or a Hub id
+        the local cache does not hold while `HF_HUB_OFFLINE` is set or the Hub cannot be reached (`hub_unreachable`).
+    """
     if not isinstance(name, str) or not name:
         raise SourceNotFound(f"{what}: no model given; give a folder or a Hub repo id (namespace/name)")
     path = os.path.expanduser(name)
@@ -521,9 +694,29 @@ def _not_found(model_name_or_path: str, error: OSError, what: str = "model") -> 
 
 
 def load_config(model_name_or_path: str, *, revision: str | None = None, trust_remote_code: bool | None = None):
-    """The checkpoint's config, with the errors of ``load_model``: a missing folder given as a path is
-    ``FileNotFoundError``; a name that is neither a local folder nor a Hub repo says both; a checkpoint that needs
-    remote code which was not trusted says how to opt in."""
+    """Loads a checkpoint's config, with the same errors as `load_model`.
+
+    Registers this package's model classes first (`register_local_model`) and warns about unpinned remote code
+    (`warn_unpinned_remote_code`).
+
+    Args:
+        model_name_or_path (`str`):
+            A local folder or a Hub repo id.
+        revision (`str`, *optional*):
+            The Hub revision.
+        trust_remote_code (`bool`, *optional*):
+            Passed to `AutoConfig.from_pretrained`; `None` is transformers' own resolution.
+
+    Returns:
+        `PretrainedConfig`: The config.
+
+    Raises:
+        `SourceNotFound`: A `FileNotFoundError`, for a name that `check_source` refuses, or one that is no local folder
+        and could not be loaded as a Hub repo (the message names both).
+        `OSError`: As transformers raises it, for a local folder it cannot read.
+        `ValueError`: For a checkpoint that needs remote code which was not trusted (the message says how to opt in),
+        and transformers' other `ValueError`s.
+    """
     from transformers import AutoConfig
 
     check_source(model_name_or_path, revision=revision, weights=False)
@@ -545,8 +738,23 @@ def load_config(model_name_or_path: str, *, revision: str | None = None, trust_r
 
 
 def find_adapter(model_name_or_path: str, revision: str | None) -> dict | None:
-    """The ``adapter_config.json`` of a PEFT adapter folder or repo (what ``train --use_peft`` writes), else None.
-    A folder that also holds a full ``config.json`` is a model, not an adapter."""
+    """Reads the `adapter_config.json` of a PEFT adapter folder or repo (what `train --use_peft` writes).
+
+    Args:
+        model_name_or_path (`str`):
+            A local folder or a Hub repo id.
+        revision (`str` or `None`):
+            The Hub revision.
+
+    Returns:
+        `dict` or `None`: The adapter's config; `None` when there is no adapter, or the folder also holds a full
+        `config.json` (it is a model, not an adapter).
+
+    Raises:
+        `ValueError`: If the adapter has no `base_model_name_or_path`.
+        `SourceNotFound`: If a name that is no local folder could not be looked up as a Hub repo.
+        `OSError`: As transformers raises it, for a local folder.
+    """
     from transformers.utils import find_adapter_config_file
 
     if os.path.isdir(model_name_or_path) and os.path.isfile(os.path.join(model_name_or_path, "config.json")):
@@ -645,27 +853,58 @@ def load_model(
     for_training: bool = False,
     quant_type: str = "nf4",
 ):
-    """Return ``(model, processor)`` for a local folder or a Hub repo (and ``revision``); in eval mode unless
-    ``for_training`` (see the module docstring for what else training changes).
+    """Loads a model and its processor from a local folder or a Hub repo, checked.
 
-    ``quantization``: None (full precision), ``"4bit"`` (NF4 or ``quant_type``, double quantization) or ``"8bit"``
-    (LLM.int8); the vision tower, the projector and ``lm_head`` stay in floating point and the result is checked
-    (``verify_quantization``). A checkpoint saved quantized loads in its own mode.
-    ``device``: None keeps transformers' default (CPU) in full precision and picks the best available device when
-    quantized; ``"auto"`` picks it in both cases. ``dtype``: of the unquantized weights; default as stored in full
-    precision, bf16 (fp16 on a GPU without bf16) for the quantized path on an accelerator, fp32 on CPU.
-    ``return_report=True`` adds a third element, the ``QuantizationReport``. A PEFT adapter folder or repo loads its
-    base (``base_model_name_or_path``) this way and applies the adapter (merged in full precision).
-    ``trust_remote_code``: None (default) is transformers' own resolution: this package's model and stock LLaVA load
-    with the installed classes and run no code from the checkpoint; a checkpoint whose classes are not installed
-    needs ``True`` (a warning asks to pin a commit hash for a Hub repo).
-    A checkpoint that lacks weights the model needs is refused (they would be randomly initialised); only a
-    norm-aligned checkpoint's projector norm may be missing (initialised to T/sqrt(D), with a warning). The model
-    classes themselves load such a checkpoint as transformers does (initialised, reported): the refusal is here.
-    The processor is the family's (``families.processors.load_processor``: AutoProcessor, or a builder that
-    needs no torchvision).
-    Raises ``SourceNotFound`` (a FileNotFoundError) for a name that is no folder and no reachable repo, ImportError
-    without bitsandbytes, RuntimeError when the device cannot run the mode. Never falls back to full precision.
+    A checkpoint that lacks weights the model needs is refused, since they would be randomly initialised; only a
+    norm-aligned checkpoint's projector norm may be missing (initialised to T / sqrt(D), with a warning). The model
+    classes themselves load such a checkpoint as transformers does (initialised, reported): the refusal is here. A PEFT
+    adapter folder or repo loads its base (`base_model_name_or_path`) with the same options, then the adapter, which is
+    merged into a full-precision base unless `for_training` and left unmerged on a 4/8-bit base. Never falls back to
+    full precision.
+
+    Args:
+        model_name_or_path (`str`):
+            A local folder, a Hub repo id, or a PEFT adapter folder or repo.
+        revision (`str`, *optional*):
+            The Hub revision.
+        quantization (`str`, *optional*):
+            `None` (full precision), `"4bit"` (NF4 or `quant_type`, double quantization) or `"8bit"` (LLM.int8). The
+            vision tower, the projector and `lm_head` stay in floating point, and the result is checked
+            (`verify_quantization`). A checkpoint saved quantized loads in its own mode.
+        device (`str` or `torch.device`, *optional*):
+            `None`: transformers' default (the CPU) in full precision, the best available device when quantized (in
+            training, this process's GPU, `LOCAL_RANK`, or the CPU). `"auto"`: the best available device. In full
+            precision with `for_training`, the model is not placed (the Trainer does it).
+        dtype (`torch.dtype` or `str`, *optional*, defaults to `DTYPE_DEFAULT` (`"auto"`)):
+            The dtype of the unquantized weights (see `parse_dtype`). `"auto"` or `None`: as stored in full precision;
+            when quantized, float32 on the CPU, elsewhere the compute dtype (`compute_dtype_for`: bfloat16, or float16
+            on a GPU without bfloat16; float32 in training).
+        trust_remote_code (`bool`, *optional*, defaults to `TRUST_REMOTE_CODE_DEFAULT` (`None`)):
+            `None` is transformers' own resolution: this package's model and stock LLaVA load with the installed classes
+            and run no code from the checkpoint. A checkpoint whose classes are not installed needs `True` (a warning
+            asks to pin a commit hash for a Hub repo).
+        attn_implementation (`str`, *optional*):
+            Passed to `from_pretrained` when given; `None` leaves the choice to transformers.
+        return_report (`bool`, *optional*, defaults to `False`):
+            Whether to also return the `QuantizationReport`.
+        for_training (`bool`, *optional*, defaults to `False`):
+            Load for training: the model is not put in eval mode, and placement and compute dtype follow training's
+            rules (see the module docstring).
+        quant_type (`str`, *optional*, defaults to `"nf4"`):
+            The 4-bit data type, `"nf4"` or `"fp4"`.
+
+    Returns:
+        `tuple`: `(model, processor)`, or `(model, processor, report)` with `return_report`. The model is in eval mode
+        unless `for_training`; the processor is the family's (`families.processors.load_processor`: `AutoProcessor`, or
+        a builder that needs no torchvision).
+
+    Raises:
+        `SourceNotFound`: A `FileNotFoundError`, for a name that is no folder and no reachable repo.
+        `ValueError`: For an unknown `quantization` or `dtype`, a checkpoint saved in another quantization mode or
+        method, a checkpoint that lacks weights, or a model whose parts this package cannot find.
+        `ImportError`: Without bitsandbytes (quantized) or peft (an adapter).
+        `RuntimeError`: For a device this machine does not have or on which bitsandbytes cannot run the mode, or a model
+        that is not quantized as asked.
     """
     if quantization is not None and quantization not in QUANTIZATION_MODES:
         raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {quantization!r}")
@@ -767,16 +1006,33 @@ def _check_dtype_name(dtype) -> None:
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """What loading one model takes: the keywords of ``load_model``, built once (by a command from its flags,
-    ``from_args``; by ``train`` from its fields) and then only read. ``load()`` loads it.
+    """What loading one model takes: the keywords of `load_model`, built once and then only read.
 
-    ``source``: a folder or a Hub repo id; ``revision``: a Hub branch, tag or commit; ``quantization``: None,
-    ``"4bit"`` (``quant_type`` NF4 or FP4) or ``"8bit"``; ``device``: None (load_model's: the CPU in full precision,
-    the best device when quantized), ``"auto"`` (the best device) or a device; ``dtype``: of the unquantized
-    weights, ``"auto"`` (default: as stored) or one of ``DTYPE_NAMES``; ``trust_remote_code``: None (default:
-    transformers' own resolution), True (opt in) or False (refuse); ``attn_implementation``: None (transformers'
-    choice) or a name; ``for_training``: what training changes (see the module docstring). The values are checked
-    when the options are built (ValueError naming the option)."""
+    A command builds it from its flags (`from_args`), `train` from its fields; `load()` loads it. The values are checked
+    when the options are built (a `ValueError` naming the option); whether this machine has the device is checked when
+    loading.
+
+    Args:
+        source (`str`):
+            A local folder or a Hub repo id.
+        revision (`str`, *optional*):
+            A Hub branch, tag or commit.
+        quantization (`str`, *optional*):
+            `None`, `"4bit"` or `"8bit"`.
+        quant_type (`str`, *optional*, defaults to `"nf4"`):
+            `"nf4"` or `"fp4"`.
+        device (`str`, *optional*):
+            `None` (`load_model`'s: the CPU in full precision, the best device when quantized), `"auto"` (the best
+            device) or a device.
+        dtype (`str`, *optional*, defaults to `DTYPE_DEFAULT` (`"auto"`)):
+            The dtype of the unquantized weights: `"auto"` (as stored) or one of `DTYPE_NAMES`.
+        trust_remote_code (`bool`, *optional*, defaults to `TRUST_REMOTE_CODE_DEFAULT` (`None`)):
+            `None` (transformers' own resolution), `True` (opt in) or `False` (refuse).
+        attn_implementation (`str`, *optional*):
+            `None` (transformers' choice) or a name.
+        for_training (`bool`, *optional*, defaults to `False`):
+            Load for training (see the module docstring).
+    """
 
     source: str
     revision: str | None = None
@@ -801,8 +1057,25 @@ class LoadOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, source: str | None = None, **overrides) -> LoadOptions:
-        """The options of ``flags.add_load_flags``' flags (``source``: the model, default ``args.model``); a flag the
-        command does not have keeps its default. A bad value is ``console.BadInput`` naming the flag."""
+        """Builds the options from the flags of `flags.add_load_flags`.
+
+        A flag the command does not have keeps its default.
+
+        Args:
+            args (`argparse.Namespace`):
+                The parsed flags; read for `revision`, `quantization`, `device`, `dtype`, `trust_remote_code` and
+                `attn_implementation` where present, and for `model` when `source` is not given.
+            source (`str`, *optional*):
+                The model to load; defaults to `args.model`.
+            **overrides:
+                Fields to set regardless of the flags.
+
+        Returns:
+            `LoadOptions`: The options.
+
+        Raises:
+            `console.BadInput`: For a bad value, naming the flag (`--dtype: ...`).
+        """
         from .console import BadInput
 
         given = {name: getattr(args, name) for name in ("revision", "quantization", "device", "dtype",
@@ -814,11 +1087,23 @@ class LoadOptions:
             raise BadInput(f"--{error}") from None
 
     def load_kwargs(self) -> dict:
-        """``load_model``'s keywords (all but the source)."""
+        """Returns `load_model`'s keyword arguments.
+
+        Returns:
+            `dict`: Every field but `source`, by name.
+        """
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
 
     def load(self, *, return_report: bool = False):
-        """``load_model(self.source, ...)``: ``(model, processor)``, and the ``QuantizationReport`` when asked."""
+        """Loads the model: `load_model(self.source, ...)`.
+
+        Args:
+            return_report (`bool`, *optional*, defaults to `False`):
+                Whether to also return the `QuantizationReport`.
+
+        Returns:
+            `tuple`: `(model, processor)`, or `(model, processor, report)` with `return_report`.
+        """
         return load_model(self.source, return_report=return_report, **self.load_kwargs())
 
 

@@ -1,21 +1,11 @@
 """How a record names a model, a data set, a file or a folder: the one rule for everything that may be published.
 
 Training summaries, diagnostics, evaluation results, configs and model cards are pushed with a checkpoint, so they
-never name a path on the machine that wrote them. A name is published as:
-
-- a Hub id (``org/name``, ``gpt2``) as it is given;
-- a local path by the file's or folder's own name (``/home/me/runs/ckpt/`` -> ``ckpt``,
-  ``~/.cache/huggingface/datasets/x/0bb1.arrow`` -> ``0bb1.arrow``).
-
-``public_name`` applies the rule to a value that names one thing; ``hide_local_paths`` to free text (an error
-message, a command line, a Markdown cell); ``public_record`` to every string of a record about to be written.
-``local_paths_in`` finds what the rule would hide: the self-check refuses to publish a record in which it finds
-anything. A local path, in text: an absolute POSIX path of two components or more (``/data/run``), a Windows path
-(``C:\\runs``, ``\\\\server\\share``), a ``~/`` path, a ``file:`` URL, and this machine's home and temporary folders
-themselves (``/root``, ``/tmp``). Not one: URLs (``https://host/a/b``), relative paths (``eval/norms.png``), Hub ids,
-ratios and prose (``1/2``, ``w/o``, ``and/or``).
-
-Standard library only: the trainer, diagnostics, evaluation and the Hub tools all import it.
+never name a path on the machine that wrote them: a Hub id (`org/name`) is published as given, a local path by its own
+name (`/home/me/runs/ckpt/` -> `ckpt`). `public_name` applies the rule to one name, `hide_local_paths` to free text,
+`public_record` to a whole record, and `local_paths_in` finds what the rule would hide (the self-check refuses to
+publish a record in which it finds anything). Standard library only: the trainer, diagnostics, evaluation and the Hub
+tools all import it.
 """
 
 from __future__ import annotations
@@ -42,7 +32,16 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(?:/[A-Za-z0-9][\w.-]*)?")
 
 
 def is_hub_id(value) -> bool:
-    """``value`` reads as a Hub repo id (``namespace/name`` or a bare ``name``)."""
+    """Tells whether a value reads as a Hub repo id.
+
+    Args:
+        value (`Any`):
+            The value to test.
+
+    Returns:
+        `bool`: `True` for a string of the form `namespace/name` or `name` (letters, digits, `_`, `.`, `-`; starting
+        with a letter or digit) that holds no `..`.
+    """
     return isinstance(value, str) and bool(_HUB_ID.fullmatch(value)) and ".." not in value
 
 
@@ -61,9 +60,17 @@ def _is_written_as_local(text: str) -> bool:
 
 
 def public_name(value: str | os.PathLike | None) -> str | None:
-    """The rule for a value that names one model, data set, file or folder: a Hub id (or any other name that is not
-    a path) as it is given; a local path (one that exists here, or is written as absolute, ``~/``, ``./``, ``../``
-    or ``file:``) by its own name."""
+    """Applies the publishing rule to a value that names one model, data set, file or folder.
+
+    Args:
+        value (`str`, `os.PathLike` or `None`):
+            The name.
+
+    Returns:
+        `str` or `None`: A local path (one that exists here, or is written as absolute, `~/`, `./`, `../`, a Windows
+        path or a `file:` URL) by its last component (`/home/me/runs/ckpt/` -> `ckpt`); any other value, e.g. a Hub id,
+        as given. `None` and the empty string are returned as they are.
+    """
     if value is None:
         return None
     text = os.fspath(value)
@@ -100,16 +107,39 @@ def _pattern() -> re.Pattern:
 
 
 def local_paths_in(text: str) -> list[str]:
-    """Every local path in ``text``, as written there (empty: nothing to hide)."""
+    """Finds every local path in a text.
+
+    A local path, in text: an absolute POSIX path of two components or more (`/data/run`), a Windows path (`C:\\runs`,
+    `\\\\server\\share`), a `~/` path, a `file:` URL, and this machine's home and temporary folders themselves (`/root`,
+    `/tmp`). Not one: URLs (`https://host/a/b`), relative paths (`eval/norms.png`), Hub ids, ratios and prose (`1/2`,
+    `w/o`, `and/or`).
+
+    Args:
+        text (`str`):
+            The text to search.
+
+    Returns:
+        `list[str]`: The local paths, as written in `text`; empty when there is nothing to hide.
+    """
     return [match.group(0) for match in _pattern().finditer(text)]
 
 
 def hide_local_paths(text: str, paths=()) -> str:
-    """``text`` with every local path in it replaced by its own name (``/home/a/run/ckpt`` -> ``ckpt``).
+    """Replaces every local path in a text by its own name (`/home/a/run/ckpt` -> `ckpt`).
 
-    ``paths``: the run's own files and folders (``None`` entries are skipped; pass no Hub id). Each, as given,
-    expanded and resolved, is replaced first by its own name, keeping what follows it, so that a relative path
-    inside one stays readable (``/data/bench/pope/3.png`` -> ``bench/pope/3.png`` when ``/data/bench`` is given)."""
+    What counts as a local path is what `local_paths_in` finds.
+
+    Args:
+        text (`str`):
+            Free text: an error message, a command line, a Markdown cell.
+        paths (`Iterable`, *optional*, defaults to `()`):
+            The run's own files and folders (no Hub ids; `None` entries are skipped). Each, as given, expanded and
+            resolved, is replaced first by its own name, keeping what follows it, so that a relative path inside one
+            stays readable (`/data/bench/pope/3.png` -> `bench/pope/3.png` when `/data/bench` is given).
+
+    Returns:
+        `str`: The text with the paths replaced.
+    """
     variants = set()
     for path in filter(None, paths):
         path = os.fspath(path)
@@ -123,8 +153,16 @@ def hide_local_paths(text: str, paths=()) -> str:
 
 
 def public_record(data):
-    """``data`` (dicts, lists, strings, numbers: a record about to be written) with every local path in its strings,
-    keys included, replaced by its own name."""
+    """Hides the local paths in every string of a record about to be written.
+
+    Args:
+        data (`Any`):
+            Dicts, lists, tuples, strings, path objects and other values, nested.
+
+    Returns:
+        `Any`: The same structure with every string, keys included, passed through `hide_local_paths` and every path
+        object through `public_name`; tuples become lists, and other values are returned as they are.
+    """
     if isinstance(data, str):
         return hide_local_paths(data)
     if isinstance(data, os.PathLike):

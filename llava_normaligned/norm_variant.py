@@ -1,19 +1,11 @@
-"""The projector norm's four options, parsed once: which norm (``projector_norm``), its initial gain (``norm_init``),
-and Global Weight Compensation (``gradient_compensation``, ``gradient_compensation_min``); the paper's ablation
-(Tables 4-5).
+"""The projector norm's four options, parsed once: which norm (`projector_norm`), its initial gain (`norm_init`), and
+Global Weight Compensation (`gradient_compensation`, `gradient_compensation_min`); the paper's ablation (Tables 4-5).
 
-``NormVariant`` holds the four, validated, as ``LlavaNormAlignedConfig`` spells them (``projector_norm`` None for the
-"w/o Norm" row; the command line's ``"none"`` is read as None). It is built from a command's flags
-(``NormVariant.from_args``), from a config (``from_config``) or from a mapping (``from_dict``), and gives the config's
-keyword arguments (``config_kwargs``: all four, as the config stores them) and what describes it (``in_force``,
-``describe``, ``report``: without a norm, only that; its init and GWC are then inert). The flags are
-``llava_normaligned.flags``': ``add_norm_flags`` for ``compose``, ``convert`` and ``align`` (argparse),
-``variant_field`` for ``train``'s fields (each unset unless given: a stage starts from the model as it is). Standard
-library only, so ``--help`` imports neither torch nor transformers.
-
-The model file (pushed to the Hub, torch and transformers only) checks the same values in its config and builds the
-norm from them (``LlavaNormAlignedProjector.reset_norm``); ``tests/test_norm_variant.py`` holds the two to the
-same choices and defaults.
+`NormVariant` holds the four, validated, as `LlavaNormAlignedConfig` spells them (`projector_norm` None for the
+"w/o Norm" row; the command line's `"none"` is read as None). It is built from a command's flags, a config or a
+mapping, and gives the config's keyword arguments and the text that describes it. Standard library only, so `--help`
+imports neither torch nor transformers. The model file checks the same values in its config
+(`LlavaNormAlignedProjector.reset_norm`); `tests/test_norm_variant.py` holds the two to the same choices and defaults.
 """
 
 from __future__ import annotations
@@ -32,8 +24,19 @@ NO_NORM = "none"  # the command line's spelling of projector_norm None
 
 @dataclass(frozen=True)
 class NormVariant:
-    """The projector norm's options, validated (a ``ValueError`` names the option). Defaults: the paper's method
-    (LayerNorm, gain T/sqrt(D), GWC clamped at 1e-3), as ``LlavaNormAlignedConfig``'s."""
+    """The projector norm's options, validated (a `ValueError` names the option). The defaults are the paper's method,
+    as `LlavaNormAlignedConfig`'s.
+
+    Args:
+        projector_norm (`str` or `None`, *optional*, defaults to `"layernorm"`):
+            `"layernorm"`, or `None` (also given as `"none"`) for the "w/o Norm" row.
+        norm_init (`str`, *optional*, defaults to `"target"`):
+            `"target"` (gain T / sqrt(D)) or `"default"` (gain 1).
+        gradient_compensation (`bool`, *optional*, defaults to `True`):
+            Whether GWC is on.
+        gradient_compensation_min (`float`, *optional*, defaults to 1e-3):
+            The GWC clamp, a positive finite number (stored as a float).
+    """
 
     projector_norm: str | None = "layernorm"
     norm_init: str = "target"
@@ -57,7 +60,20 @@ class NormVariant:
 
     @classmethod
     def from_dict(cls, values: Mapping, base: NormVariant | None = None) -> NormVariant:
-        """``base`` (default: the defaults) with the options ``values`` gives; any other key is an error."""
+        """Builds a variant from `base` and the options a mapping gives.
+
+        Args:
+            values (`Mapping`):
+                Option name -> value; only the four option names are allowed.
+            base (`NormVariant`, *optional*):
+                The variant to start from; defaults to the defaults.
+
+        Returns:
+            `NormVariant`: `base` with the given options replaced.
+
+        Raises:
+            `ValueError`: For a key that is not an option, or an invalid value.
+        """
         unknown = sorted(set(values) - set(NORM_FIELDS))
         if unknown:
             raise ValueError(f"not a projector-norm option: {', '.join(unknown)} "
@@ -66,8 +82,23 @@ class NormVariant:
 
     @classmethod
     def from_config(cls, config) -> NormVariant:
-        """The options of a ``LlavaNormAlignedConfig``, of a stock VLM's config ``align`` wrote (its norm is always
-        a LayerNorm: ``norm_connector`` names where), or of either's ``config.json`` (a dict)."""
+        """Reads the options of a norm-aligned model's config.
+
+        Options the config lacks (an older `config.json`) take their defaults; `projector_norm` None is the "w/o Norm"
+        row.
+
+        Args:
+            config (`LlavaNormAlignedConfig`, an aligned stock VLM's config, or either's `config.json` as a `Mapping`):
+                The config. An aligned stock VLM's config (it has `norm_connector`) always gets
+                `projector_norm="layernorm"`.
+
+        Returns:
+            `NormVariant`: The options.
+
+        Raises:
+            `ValueError`: If the config has neither `projector_norm` nor `norm_init` (it is not a norm-aligned model's),
+            or holds an invalid value.
+        """
         read = config.get if isinstance(config, Mapping) else lambda key: getattr(config, key, None)
         if read("projector_norm") is None and read("norm_init") is None:  # no norm field at all: not this model's
             kind = read("model_type") or type(config).__name__
@@ -80,46 +111,93 @@ class NormVariant:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> NormVariant:
-        """The options of a parser ``add_norm_flags`` built (``compose``, ``convert``)."""
+        """Reads the options of a parser that `flags.add_norm_flags` built (`compose`, `convert`, `align`).
+
+        Args:
+            args (`argparse.Namespace`):
+                The parsed flags; all four options are read.
+
+        Returns:
+            `NormVariant`: The options.
+
+        Raises:
+            `ValueError`: For an invalid value.
+        """
         return cls(**{key: getattr(args, key) for key in NORM_FIELDS})
 
     @classmethod
     def given(cls, values) -> dict:
-        """The options ``values`` (an object or a mapping holding the four, None where not given: ``train``'s fields)
-        sets, parsed and validated, as the config spells them (``{"projector_norm": None}`` for ``"none"``)."""
+        """Parses the options that are set, as `train`'s fields hold them (each `None` unless given).
+
+        Args:
+            values (`object` or `Mapping`):
+                Holds the four options, `None` where not given.
+
+        Returns:
+            `dict`: The options that are not `None`, parsed and validated, as the config spells them
+            (`{"projector_norm": None}` for `"none"`).
+
+        Raises:
+            `ValueError`: For an invalid value.
+        """
         read = values.get if isinstance(values, Mapping) else lambda key: getattr(values, key, None)
         given = {key: read(key) for key in NORM_FIELDS if read(key) is not None}
         parsed = cls.from_dict(given)
         return {key: getattr(parsed, key) for key in given}
 
     def config_kwargs(self) -> dict:
-        """The four as ``LlavaNormAlignedConfig``'s keyword arguments."""
+        """Returns the four options as `LlavaNormAlignedConfig`'s keyword arguments.
+
+        Returns:
+            `dict`: `projector_norm`, `norm_init`, `gradient_compensation` and `gradient_compensation_min`.
+        """
         return {key: getattr(self, key) for key in NORM_FIELDS}
 
     def changes_from(self, other: NormVariant) -> dict:
-        """The options whose value here differs from ``other``'s (this variant's values)."""
+        """Lists the options whose value differs from another variant's.
+
+        Args:
+            other (`NormVariant`):
+                The variant to compare with.
+
+        Returns:
+            `dict`: The differing options, with this variant's values.
+        """
         return {key: getattr(self, key) for key in NORM_FIELDS if getattr(self, key) != getattr(other, key)}
 
     def in_force(self) -> dict:
-        """The options that shape the model, as the config spells them: all four with a norm; without one
-        (``projector_norm`` None) only that one. The init and GWC configure a norm the model does not have: its
-        config still stores them (every field must have a valid value), inert, as what a norm turned on later starts
-        from (a stage-1 variant). What describes a variant (``describe``, ``report``) says only these."""
+        """Returns the options that shape the model, as the config spells them.
+
+        Without a norm (`projector_norm` None) the init and GWC configure nothing: the config still stores them (every
+        field must hold a valid value) as what a norm turned on later starts from, but what describes a variant
+        (`describe`, `report`) leaves them out.
+
+        Returns:
+            `dict`: All four options with a norm; only `{"projector_norm": None}` without one.
+        """
         if self.projector_norm is None:
             return {"projector_norm": None}
         return self.config_kwargs()
 
     def describe(self) -> str:
-        """One phrase for logs and errors: ``none (w/o Norm)`` or ``layernorm, target init, with GWC``."""
+        """Describes the variant in one phrase, for logs and errors.
+
+        Returns:
+            `str`: E.g. `"none (w/o Norm)"`, `"layernorm, target init, with GWC (clamp 0.001)"` or
+            `"layernorm, default init, without GWC"`.
+        """
         if self.projector_norm is None:
             return f"{NO_NORM} (w/o Norm)"
         gwc = f"with GWC (clamp {self.gradient_compensation_min:g})" if self.gradient_compensation else "without GWC"
         return f"{self.projector_norm}, {self.norm_init} init, {gwc}"
 
     def report(self) -> str:
-        """The options in force as ``key=value`` words, for the line a command prints about the model it wrote:
-        ``projector_norm=none (w/o Norm)``, or ``projector_norm=layernorm norm_init=target GWC=True (clamp 0.001)``
-        (``GWC=False`` without it). Nothing of an init or GWC for a model without a norm (``in_force``)."""
+        """Describes the options in force as `key=value` words, for the line a command prints about the model it wrote.
+
+        Returns:
+            `str`: `"projector_norm=none (w/o Norm)"`, or e.g. `"projector_norm=layernorm norm_init=target GWC=True
+            (clamp 0.001)"` (`GWC=False` without GWC).
+        """
         if self.projector_norm is None:
             return f"projector_norm={NO_NORM} (w/o Norm)"
         gwc = f"True (clamp {self.gradient_compensation_min:g})" if self.gradient_compensation else "False"

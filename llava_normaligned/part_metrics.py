@@ -1,9 +1,9 @@
 """Measurements of a model's parts (vision tower, projector, its norm, the LLM) that training logs and the demo
-reports: the text-embedding norm T and the projected image tokens' norm, their ratio on a batch, each part's
+report: the text-embedding norm T and the projected image tokens' norm, their ratio on a batch, each part's
 parameters, gradient norm and update size, the projector norm's Table 5 statistics, the gradient-clipping factor.
 
-Core layer: used by the trainer's norm tracking (``trainer/callbacks.py``) and the demo; works under FSDP2 (DTensor
-parameters are gathered whole) and returns nothing for the norm under ZeRO-3 (partitioned away).
+Used by the trainer's norm tracking (`trainer/callbacks.py`) and the demo; works under FSDP2 (DTensor parameters are
+gathered whole) and returns nothing for the norm under ZeRO-3 (partitioned away).
 """
 
 from __future__ import annotations
@@ -16,11 +16,22 @@ from llava_normaligned.families.anatomy import anatomy_of, projector_norm_of, st
 
 
 def text_embedding_norm(model) -> float:
-    """T (paper §5.1), as the LLM receives text (``Anatomy.text_norm_target``: the placeholder tokens' rows left out,
-    Gemma's embedding scale counted).
+    """Measures T (paper §5.1) as the LLM receives text (`Anatomy.text_norm_target`: the placeholder tokens'
+    rows left out, Gemma's embedding scale counted).
 
-    Falls back to the config's ``norm_target`` (T when the model was composed or aligned) when the embeddings are
-    sharded (ZeRO-3, FSDP) or not materialised here.
+    Falls back to the config's `norm_target` (T when the model was composed or aligned) when the embeddings are sharded
+    (ZeRO-3, FSDP), empty, not 2-D or on the meta device.
+
+    Args:
+        model (`torch.nn.Module`):
+            A vision-language model of a family this package knows, plain or wrapped.
+
+    Returns:
+        `float`: T.
+
+    Raises:
+        `ValueError`: If the embeddings cannot be read here and the config has no `norm_target`, or the model's parts
+        cannot be found (`AnatomyError`).
     """
     anatomy = anatomy_of(model)
     weight = anatomy.input_embeddings.weight
@@ -35,9 +46,19 @@ def text_embedding_norm(model) -> float:
 
 @torch.no_grad()
 def projected_image_norm(model, pixel_values: torch.Tensor) -> float:
-    """Mean L2 norm of the projected image tokens (the LLM's image inputs) for ``pixel_values`` (N, 3, H, W).
+    """Measures the mean L2 norm of the projected image tokens, the LLM's image inputs.
 
-    Runs the vision tower and the projector only, without gradients and in eval mode (restored after).
+    Runs the base model's `get_image_features` only (vision tower and projector), without gradients and in eval mode
+    (the previous mode is restored), with the config's `vision_feature_layer` and `vision_feature_select_strategy`.
+
+    Args:
+        model (`torch.nn.Module`):
+            A LLaVA-style model, plain or wrapped.
+        pixel_values (`torch.Tensor` of shape `(num_images, num_channels, height, width)`):
+            The images; moved to the vision tower's device and dtype.
+
+    Returns:
+        `float`: The mean, over every projected image token, of its L2 norm.
     """
     anatomy = anatomy_of(model)
     base = anatomy.base
@@ -59,14 +80,22 @@ def projected_image_norm(model, pixel_values: torch.Tensor) -> float:
 
 
 def vision_text_norm_ratio(model, batch) -> dict:
-    """The vision/text norm ratio at the LLM input, for the images of ``batch``.
+    """Measures the vision/text norm ratio at the LLM input, for the images of a batch.
 
     Args:
-        model: a LLaVA (norm-aligned or stock; plain, PEFT-wrapped or DDP-wrapped).
-        batch: a collated batch (a dict with ``pixel_values``) or a ``pixel_values`` tensor (N, 3, H, W).
+        model (`torch.nn.Module`):
+            A LLaVA (norm-aligned or stock; plain, PEFT-wrapped or DDP-wrapped).
+        batch (`dict` or `torch.Tensor`):
+            A collated batch (a dict with `pixel_values`) or a `pixel_values` tensor of shape
+            `(num_images, num_channels, height, width)`.
 
-    Returns ``{"projector_output_norm", "text_embedding_norm", "vision_text_ratio"}``: the mean L2 norm of the
-    projected image tokens, T (paper §5.1), and their ratio (1 = aligned; the paper's problem is >> 1).
+    Returns:
+        `dict[str, float]`: `projector_output_norm` (the mean L2 norm of the projected image tokens),
+        `text_embedding_norm` (T, paper §5.1) and `vision_text_ratio`, their ratio (1 = aligned; the paper's problem is
+        >> 1).
+
+    Raises:
+        `ValueError`: If the batch's `pixel_values` is `None`.
     """
     pixel_values = batch["pixel_values"] if isinstance(batch, dict) else batch
     if pixel_values is None:
@@ -78,8 +107,17 @@ def vision_text_norm_ratio(model, batch) -> dict:
 
 
 def part_parameters(model) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
-    """``{part: [(name, parameter), ...]}`` for the parts ``part_gradient_norms`` names (``vision_tower``,
-    ``projector``, ``projector_norm``, ``llm``); parameters of no part are left out."""
+    """Groups a model's parameters by part.
+
+    Args:
+        model (`torch.nn.Module`):
+            The model, plain or wrapped.
+
+    Returns:
+        `dict[str, list[tuple[str, torch.nn.Parameter]]]`: `{part: [(name, parameter), ...]}` for the parts
+        `vision_tower`, `projector` (without its norm), `projector_norm` and `llm`; parameters of no part, and parts
+        without parameters, are left out.
+    """
     anatomy = anatomy_of(model)
     norm = anatomy.projector_norm
     norm_ids = {id(p) for p in norm.parameters()} if norm is not None else set()
@@ -96,8 +134,17 @@ def part_parameters(model) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
 
 
 def clip_coefficient(total_norm: float, max_grad_norm: float | None) -> float:
-    """The factor ``torch.nn.utils.clip_grad_norm_`` (the Trainer's clipping) multiplies every gradient by:
-    ``min(1, max_grad_norm / (total_norm + 1e-6))``; 1.0 when clipping is off (``max_grad_norm`` None or <= 0)."""
+    """Computes the factor by which `torch.nn.utils.clip_grad_norm_` (the Trainer's clipping) scales every gradient.
+
+    Args:
+        total_norm (`float`):
+            The total gradient norm before clipping.
+        max_grad_norm (`float` or `None`):
+            The clipping threshold; `None` or <= 0 means no clipping.
+
+    Returns:
+        `float`: `min(1, max_grad_norm / (total_norm + 1e-6))`; 1.0 when clipping is off.
+    """
     if not max_grad_norm or max_grad_norm <= 0:
         return 1.0
     return min(1.0, float(max_grad_norm) / (float(total_norm) + 1e-6))
@@ -105,12 +152,19 @@ def clip_coefficient(total_norm: float, max_grad_norm: float | None) -> float:
 
 @torch.no_grad()
 def part_gradient_norms(model) -> dict[str, float]:
-    """The L2 norm of the current gradients of each part: ``vision_tower``, ``projector`` (its linear layers),
-    ``projector_norm`` (the norm's gain and bias) and ``llm``; parts without gradients are left out.
+    """Measures the L2 norm of the current gradients of each part.
 
-    ``train_stage``'s trainer calls it just before gradient clipping, so these are the pre-clip sizes (the Trainer's
-    own ``grad_norm`` is their root sum of squares). Under FSDP2 the per-tensor sums are reduced across ranks (a
-    collective: every rank calls it alike); under ZeRO the gradients are not held in ``.grad`` and nothing is found.
+    `train_stage`'s trainer calls it just before gradient clipping, so these are the pre-clip sizes (the Trainer's own
+    `grad_norm` is their root sum of squares). Under FSDP2 the per-tensor sums are reduced across ranks (a collective:
+    every rank calls it alike); under ZeRO the gradients are not held in `.grad` and nothing is found.
+
+    Args:
+        model (`torch.nn.Module`):
+            The model, plain or wrapped.
+
+    Returns:
+        `dict[str, float]`: The gradient norm of `vision_tower`, `projector` (its linear layers), `projector_norm` (the
+        norm's gain and bias) and `llm`; parts without gradients are left out.
     """
     squares: dict[str, torch.Tensor] = {}
     for part, params in part_parameters(model).items():
@@ -126,8 +180,17 @@ def part_gradient_norms(model) -> dict[str, float]:
 
 @torch.no_grad()
 def update_sizes(before: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, float]:
-    """``||theta_after - theta_before|| / ||theta_before||`` per part, from ``{part: [(copy_before, param), ...]}``
-    (``param`` read now, after the step). A part whose parameters are all zero gets ``inf`` if it moved, else 0."""
+    """Measures the relative size of an optimizer step per part, `||theta_after - theta_before|| / ||theta_before||`.
+
+    Args:
+        before (`dict[str, list[tuple[torch.Tensor, torch.Tensor]]]`):
+            `{part: [(copy_before, param), ...]}`: a copy of each parameter taken before the step, and the parameter,
+            read now (after the step; gathered whole under FSDP2, a collective).
+
+    Returns:
+        `dict[str, float]`: The relative update of each part; a part whose parameters were all zero gets `inf` if it
+        moved, else 0.0.
+    """
     sizes = {}
     for part, pairs in before.items():
         moved = sum(float((whole_tensor(p.detach()).float() - old.float()).pow(2).sum()) for old, p in pairs)
@@ -137,14 +200,30 @@ def update_sizes(before: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> 
 
 
 def whole_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor (FSDP2) gathered whole; a plain tensor as is. Collective: called on every rank alike."""
+    """Gathers a DTensor (FSDP2) whole; a plain tensor is returned as it is. Collective: call it on every rank alike.
+
+    Args:
+        tensor (`torch.Tensor`):
+            A tensor or a DTensor.
+
+    Returns:
+        `torch.Tensor`: The whole tensor.
+    """
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 @torch.no_grad()
 def gain_statistics(model) -> dict:
-    """The paper's Table 5 statistics of the projector norm (``modeling_llava_normaligned.gain_statistics``; empty
-    for a model without the norm, and under ZeRO-3, where the parameters are partitioned away)."""
+    """Computes paper Table 5's statistics of a model's projector norm (`modeling_llava_normaligned.gain_statistics`).
+
+    Args:
+        model (`torch.nn.Module`):
+            The model, plain or wrapped.
+
+    Returns:
+        `dict[str, float]`: The statistics, with `gwc_factor` when GWC is on; empty for a model without the norm, and
+        under ZeRO-3, where the parameters are partitioned away.
+    """
     from modeling_llava_normaligned import gain_statistics as table5
 
     norm = projector_norm_of(model)

@@ -1,11 +1,11 @@
-"""How long the demo and the tests take, stated once: ``assets/timings.json`` holds the measured runs, and every text
-that gives a duration (the README, docs/demo.md, docs/DEVELOPING.md, ``demo --help``) says ``stated(name)``.
+"""How long the demo and the tests take, stated once: `assets/timings.json` holds the measured runs, and every text
+that gives a duration (the README, docs/demo.md, docs/DEVELOPING.md, `demo --help`) says `stated(name)`.
 
     stated("demo")        # 'about 4 minutes on 2 CPU cores (measured 207-238 s)'
     stated("demo_quick")  # 'about 25 s on 2 CPU cores (measured 24 s)'
 
-Each run in the record names the machine it ran on; where the runs differ by more than ``SPREAD``, the range is
-stated ('about 2-4 minutes'), since no one figure holds across machines.
+Where the runs differ by more than `SPREAD`, the range is stated ('about 2-4 minutes'), since no one figure holds across
+machines.
 """
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "tim
 
 @lru_cache(maxsize=1)
 def records() -> dict:
+    """Reads the record of measured runs (read once, then cached).
+
+    Returns:
+        `dict`: The content of `assets/timings.json`, whose `machine` is the machine the statements name and whose
+        `records` maps each name to `{"runs": [{"seconds": ..., "machine": ...}, ...], ...}`.
+
+    Raises:
+        `OSError` or `json.JSONDecodeError`: If the file cannot be read or parsed.
+    """
     with open(RECORD, encoding="utf-8") as handle:
         return json.load(handle)
 
@@ -28,7 +37,18 @@ SPREAD = 1.3  # runs whose slowest took more than this times the fastest are sta
 
 
 def seconds_of(name: str) -> list[int]:
-    """The seconds of every recorded run of ``name`` (each run also records the machine it ran on)."""
+    """Returns the durations of every recorded run of one name.
+
+    Args:
+        name (`str`):
+            The record's name, e.g. `"demo"`.
+
+    Returns:
+        `list[int]`: The seconds of each run (each run also records the machine it ran on).
+
+    Raises:
+        `KeyError`: If there is no record of `name`.
+    """
     return [run["seconds"] for run in records()["records"][name]["runs"]]
 
 
@@ -37,8 +57,18 @@ def _rounded(seconds: float, unit: str) -> int:
 
 
 def about(name: str) -> str:
-    """The measured runs as a reader wants them: 'about 25 s', 'about 4 minutes' (the median), or the range
-    'about 2-4 minutes' where machines differed by more than ``SPREAD`` and no one figure can be promised."""
+    """States the measured runs as a reader wants them.
+
+    Durations whose median is under 90 s are given in seconds (rounded to 5 s, at least 5), others in minutes.
+
+    Args:
+        name (`str`):
+            The record's name.
+
+    Returns:
+        `str`: The median, e.g. `'about 25 s'` or `'about 4 minutes'`; or the range, e.g. `'about 2-4 minutes'`, where
+        the slowest run took more than `SPREAD` times the fastest and the two round differently.
+    """
     seconds = seconds_of(name)
     low, high = min(seconds), max(seconds)
     unit = "s" if statistics.median(seconds) < 90 else "minutes"
@@ -50,14 +80,30 @@ def about(name: str) -> str:
 
 
 def measured(name: str) -> str:
-    """The measured range: 'measured 207-238 s' (one run: 'measured 24 s')."""
+    """States the measured range.
+
+    Args:
+        name (`str`):
+            The record's name.
+
+    Returns:
+        `str`: E.g. `'measured 207-238 s'`, or `'measured 24 s'` when every run took the same time.
+    """
     seconds = seconds_of(name)
     low, high = min(seconds), max(seconds)
     return f"measured {low} s" if low == high else f"measured {low}-{high} s"
 
 
 def stated(name: str) -> str:
-    """The sentence every text uses: 'about 4 minutes on 2 CPU cores (measured 207-238 s)'."""
+    """Gives the sentence every text uses for a duration.
+
+    Args:
+        name (`str`):
+            The record's name.
+
+    Returns:
+        `str`: E.g. `'about 4 minutes on 2 CPU cores (measured 207-238 s)'`.
+    """
     return f"{about(name)} on {records()['machine']} ({measured(name)})"
 
 

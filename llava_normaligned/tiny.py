@@ -1,8 +1,8 @@
 """Tiny vision encoders, causal LMs, tokenizers, processors and whole stock VLMs built in code, offline.
 
-They stand in for SigLIP / CLIP and Llama / Qwen in tests and in the CPU demo (``save_tiny_parts``: the folders
-``compose`` takes), and for the Hub's VLMs of other families (``save_tiny_vlm``: a folder ``align`` takes): same
-classes, same files on disk, a few hundred kilobytes. Random weights; nothing here downloads anything.
+They stand in for SigLIP / CLIP and Llama / Qwen in tests and in the CPU demo (`save_tiny_parts`: the folders `compose`
+takes), and for the Hub's VLMs of other families (`save_tiny_vlm`: a folder `align` takes): same classes, same files on
+disk, a few hundred kilobytes. Random weights; nothing here downloads anything.
 
     python -m llava_normaligned.tiny --family idefics3 --output-dir tiny-idefics3
 """
@@ -84,7 +84,21 @@ def _bpe_tokenizer(special_tokens, corpus, vocab_size: int, **wrapper) -> PreTra
 
 
 def train_tokenizer(words=DEFAULT_CORPUS_WORDS, vocab_size: int = 400, with_image_token: bool = True):
-    """A byte-level BPE tokenizer trained in code on ``words``, with ChatML special tokens and a chat template."""
+    """Trains a tiny byte-level BPE tokenizer in code, with ChatML special tokens and a chat template.
+
+    Args:
+        words (`Sequence[str]`, *optional*, defaults to `DEFAULT_CORPUS_WORDS`):
+            The corpus's words.
+        vocab_size (`int`, *optional*, defaults to 400):
+            The BPE vocabulary size asked of the trainer.
+        with_image_token (`bool`, *optional*, defaults to `True`):
+            Whether the tokenizer has LLaVA's image token as its `image_token`.
+
+    Returns:
+        `PreTrainedTokenizerFast`: The tokenizer, with `SPECIAL_TOKENS` first in its vocabulary, `<s>` as BOS,
+        `<|im_end|>` as EOS, `<pad>`, `<unk>`, left padding, `CHATML_TEMPLATE` as its chat template and
+        `model_max_length` 2048.
+    """
     corpus = [" ".join(words)] * 4 + [f" {w}" for w in words] + [w.capitalize() for w in words]
     extra = {"image_token": IMAGE_TOKEN} if with_image_token else {}
     return _bpe_tokenizer(SPECIAL_TOKENS, corpus, vocab_size, bos_token="<s>", eos_token="<|im_end|>",
@@ -93,6 +107,17 @@ def train_tokenizer(words=DEFAULT_CORPUS_WORDS, vocab_size: int = 400, with_imag
 
 @dataclass
 class TinyVisionSpec:
+    """The size of a tiny vision encoder (`tiny_vision_model`).
+
+    Args:
+        kind (`str`, *optional*, defaults to `"siglip"`):
+            `"siglip"` (no CLS token) or `"clip"` (CLS token).
+        hidden_size, intermediate_size, num_hidden_layers, num_attention_heads (`int`, *optional*):
+            The encoder config's fields of the same names (defaults: 48, 96, 2, 2).
+        image_size, patch_size (`int`, *optional*, defaults to 32 and 8):
+            The image's and a patch's side, in pixels.
+    """
+
     kind: str = "siglip"  # "siglip" (no CLS token) or "clip" (CLS token)
     hidden_size: int = 48
     intermediate_size: int = 96
@@ -104,6 +129,21 @@ class TinyVisionSpec:
 
 @dataclass
 class TinyTextSpec:
+    """The size of a tiny causal LM (`tiny_text_model`).
+
+    Args:
+        kind (`str`, *optional*, defaults to `"llama"`):
+            `"llama"`, `"qwen2"` or `"qwen3"`.
+        hidden_size, intermediate_size, num_hidden_layers, num_attention_heads (`int`, *optional*):
+            The LM config's fields of the same names (defaults: 64, 128, 2, 4).
+        num_key_value_heads, max_position_embeddings (`int`, *optional*, defaults to 2 and 512):
+            The LM config's fields of the same names.
+        tie_word_embeddings (`bool`, *optional*, defaults to `False`):
+            Whether the LM head shares the input embeddings.
+        extra (`dict`, *optional*):
+            Further config fields.
+    """
+
     kind: str = "llama"  # "llama", "qwen2" or "qwen3"
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -116,7 +156,21 @@ class TinyTextSpec:
 
 
 def tiny_vision_model(spec: TinyVisionSpec = TinyVisionSpec(), seed: int = 0):
-    """A randomly initialised SigLIP or CLIP vision model and its image processor."""
+    """Builds a randomly initialised SigLIP or CLIP vision model and its image processor.
+
+    Args:
+        spec (`TinyVisionSpec`, *optional*):
+            The encoder's kind and size; defaults to `TinyVisionSpec()`.
+        seed (`int`, *optional*, defaults to 0):
+            The seed of the random weights (set with `torch.manual_seed`).
+
+    Returns:
+        `tuple`: `(model, image_processor)`, a `SiglipVisionModel` or `CLIPVisionModel` and its PIL image processor
+        for `spec.image_size`-pixel images.
+
+    Raises:
+        `ValueError`: If `spec.kind` is not `"siglip"` or `"clip"`.
+    """
     import torch
 
     kwargs = dict(
@@ -143,7 +197,23 @@ def tiny_vision_model(spec: TinyVisionSpec = TinyVisionSpec(), seed: int = 0):
 
 
 def tiny_text_model(tokenizer, spec: TinyTextSpec = TinyTextSpec(), seed: int = 0):
-    """A randomly initialised Llama, Qwen2 or Qwen3 causal LM sized to ``tokenizer`` (without the image token)."""
+    """Builds a randomly initialised Llama, Qwen2 or Qwen3 causal LM sized to a tokenizer.
+
+    Args:
+        tokenizer (`PreTrainedTokenizerBase`):
+            Gives the vocabulary size (`len(tokenizer)`) and the BOS, EOS and pad token ids; a tokenizer without the
+            image token, which `compose` adds.
+        spec (`TinyTextSpec`, *optional*):
+            The LM's kind and size; defaults to `TinyTextSpec()`.
+        seed (`int`, *optional*, defaults to 0):
+            The seed of the random weights (set with `torch.manual_seed`).
+
+    Returns:
+        `LlamaForCausalLM`, `Qwen2ForCausalLM` or `Qwen3ForCausalLM`: The model.
+
+    Raises:
+        `ValueError`: If `spec.kind` is not `"llama"`, `"qwen2"` or `"qwen3"`.
+    """
     import torch
 
     kwargs = dict(
@@ -176,8 +246,23 @@ def save_tiny_parts(
     text: TinyTextSpec = TinyTextSpec(),
     seed: int = 0,
 ) -> tuple[str, str]:
-    """Write a tiny vision encoder (``<dir>/vision``) and a tiny causal LM (``<dir>/text``) as transformers folders,
-    the inputs ``compose`` takes. Returns the two folder paths."""
+    """Writes a tiny vision encoder and a tiny causal LM as transformers folders, the inputs `compose` takes.
+
+    The LM's tokenizer does not know the image token: `compose` adds it, as it would for Llama or Qwen.
+
+    Args:
+        output_dir (`str` or `os.PathLike`):
+            The folder to write `vision/` and `text/` in.
+        vision (`TinyVisionSpec`, *optional*):
+            The vision encoder's kind and size; defaults to `TinyVisionSpec()`.
+        text (`TinyTextSpec`, *optional*):
+            The LM's kind and size; defaults to `TinyTextSpec()`.
+        seed (`int`, *optional*, defaults to 0):
+            The vision encoder's seed; the LM's is `seed + 1`.
+
+    Returns:
+        `tuple[str, str]`: The paths of the two folders, `<output_dir>/vision` and `<output_dir>/text`.
+    """
     vision_dir = os.path.join(output_dir, "vision")
     text_dir = os.path.join(output_dir, "text")
     vision_model, image_processor = tiny_vision_model(vision, seed=seed)
@@ -226,7 +311,15 @@ _PINPOINTS = [[32, 32], [32, 64], [64, 32]]  # LLaVA-NeXT / OneVision's any-reso
 
 
 def chatml_template(image: str) -> str:
-    """ChatML whose image part writes ``image`` (the family's placeholder)."""
+    """Builds a ChatML chat template whose image parts write a family's placeholder.
+
+    Args:
+        image (`str`):
+            The family's image placeholder token, written (with a newline) for each `{"type": "image"}` part.
+
+    Returns:
+        `str`: The Jinja template.
+    """
     return (
         "{%- for message in messages -%}"
         "{{ '<|im_start|>' + message['role'] + '\n' }}"
@@ -242,8 +335,22 @@ def chatml_template(image: str) -> str:
 
 
 def family_tokenizer(specials: list[str], named: dict[str, str], template: str | None, vocab_size: int = 300):
-    """The LLaVA-like families' tokenizer: ChatML's specials, then the family's (``named``: attribute -> token, e.g.
-    ``{"image_token": "<image>"}``), a chat template writing the family's image placeholder."""
+    """Trains the tokenizer of the tiny LLaVA-like families' models.
+
+    Args:
+        specials (`list[str]`):
+            The family's special tokens, added after ChatML's (`SPECIAL_TOKENS`).
+        named (`dict[str, str]`):
+            Attribute -> token for the tokenizer's named special tokens, e.g. `{"image_token": "<image>"}`.
+        template (`str` or `None`):
+            The chat template, e.g. `chatml_template(<image placeholder>)`.
+        vocab_size (`int`, *optional*, defaults to 300):
+            The BPE vocabulary size asked of the trainer.
+
+    Returns:
+        `PreTrainedTokenizerFast`: The tokenizer, with `<s>` as BOS, `<|im_end|>` as EOS, `<pad>`, `<unk>`, left padding
+        and `model_max_length` 4096.
+    """
     corpus = [" ".join(DEFAULT_CORPUS_WORDS)] * 4 + [f" {w}" for w in DEFAULT_CORPUS_WORDS]
     return _bpe_tokenizer(SPECIAL_TOKENS + list(specials), corpus, vocab_size, bos_token="<s>", eos_token="<|im_end|>",
                           extra_special_tokens=named, chat_template=template, model_max_length=4096)
@@ -255,26 +362,73 @@ def _qwen_idefics_tokenizer(special: list[str], image_token: str, template: str,
 
 
 def tiny_llama_config(vocab_size: int, **extra) -> dict:
+    """Gives a tiny Llama text config: 2 layers, width 32, 4 attention heads (2 key-value heads).
+
+    Args:
+        vocab_size (`int`):
+            The vocabulary size.
+        **extra:
+            Further config fields.
+
+    Returns:
+        `dict`: The config's fields, with `model_type` `"llama"`.
+    """
     return dict(model_type="llama", vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **extra)
 
 
 def tiny_qwen2_config(vocab_size: int) -> dict:
+    """Gives a tiny Qwen2 text config: 2 layers, width 32, 4 attention heads (2 key-value heads).
+
+    Args:
+        vocab_size (`int`):
+            The vocabulary size.
+
+    Returns:
+        `dict`: The config's fields, with `model_type` `"qwen2"`.
+    """
     return dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
 
 
 def tiny_siglip_config(**extra) -> dict:
+    """Gives a tiny SigLIP vision config: 1 layer, width 24, 32-pixel images in 8-pixel patches.
+
+    Args:
+        **extra:
+            Further config fields.
+
+    Returns:
+        `dict`: The config's fields, with `model_type` `"siglip_vision_model"`.
+    """
     return dict(model_type="siglip_vision_model", hidden_size=24, intermediate_size=48, num_hidden_layers=1,
                 num_attention_heads=2, image_size=32, patch_size=8, **extra)
 
 
 def tiny_clip_config(**extra) -> dict:
+    """Gives a tiny CLIP vision config: 2 layers, width 24, 32-pixel images in 8-pixel patches.
+
+    Args:
+        **extra:
+            Further config fields.
+
+    Returns:
+        `dict`: The config's fields, with `model_type` `"clip_vision_model"`.
+    """
     return dict(model_type="clip_vision_model", hidden_size=24, intermediate_size=48, num_hidden_layers=2,
                 num_attention_heads=2, image_size=32, patch_size=8, projection_dim=24, **extra)
 
 
 def tiny_gemma3_text_config(vocab_size: int) -> dict:
+    """Gives a tiny Gemma3 text config: 2 layers, width 32, 4 attention heads (2 key-value heads) of size 8.
+
+    Args:
+        vocab_size (`int`):
+            The vocabulary size.
+
+    Returns:
+        `dict`: The config's fields, with `model_type` `"gemma3_text"`.
+    """
     return dict(model_type="gemma3_text", vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
                 sliding_window=64, max_position_embeddings=1024)
@@ -282,12 +436,27 @@ def tiny_gemma3_text_config(vocab_size: int) -> dict:
 
 @dataclass
 class TinyVLM:
-    """A tiny stock VLM and what its folder holds besides the weights: ``processor`` (a transformers processor, saved
-    with ``save_pretrained``) or, where transformers builds the family's processor only with torchvision, its parts
-    as the family's checkpoints hold them: ``tokenizer``, ``image_processor`` (the PIL class), ``processor_config``
-    (processor_config.json), ``image_processor_type`` (the class preprocessor_config.json names, the family's
-    default one) and the chat template in ``template_file`` (chat_template.jinja as Qwen's and SmolVLM's folders
-    have it, or chat_template.json, without it in the tokenizer's config)."""
+    """A tiny stock VLM and what its folder holds besides the weights.
+
+    Args:
+        model (`PreTrainedModel`):
+            The model.
+        processor (`ProcessorMixin`, *optional*):
+            A transformers processor, saved with `save_pretrained`. `None` where transformers builds the family's
+            processor only with torchvision: the folder then gets the parts below, as the family's checkpoints hold
+            them.
+        tokenizer (`PreTrainedTokenizerFast`, *optional*):
+            The tokenizer.
+        image_processor (`BaseImageProcessor`, *optional*):
+            The image processor (the PIL class).
+        processor_config (`dict`, *optional*):
+            The content of `processor_config.json`.
+        image_processor_type (`str`, *optional*):
+            The class `preprocessor_config.json` names (the family's default one).
+        template_file (`str`, *optional*, defaults to `"chat_template.jinja"`):
+            Where the chat template goes: `chat_template.jinja` (as Qwen's and SmolVLM's folders have it) or
+            `chat_template.json` (then without it in the tokenizer's config).
+    """
 
     model: object
     processor: object = None
@@ -298,7 +467,15 @@ class TinyVLM:
     template_file: str = "chat_template.jinja"
 
     def save(self, output_dir: str | os.PathLike) -> str:
-        """Write the model and its processor's files to ``output_dir``; returns it."""
+        """Writes the model and its processor's files to a folder.
+
+        Args:
+            output_dir (`str` or `os.PathLike`):
+                The folder to write to.
+
+        Returns:
+            `str`: `output_dir`, as a string.
+        """
         out = os.fspath(output_dir)
         self.model.save_pretrained(out)
         if self.processor is not None:
@@ -480,11 +657,24 @@ _BUILDERS = {
 
 
 def tiny_vlm(family: str, seed: int = 0) -> TinyVLM:
-    """A tiny random stock VLM of ``family`` (a ``model_type`` of ``TINY_VLM_FAMILIES``) with its processor.
+    """Builds a tiny random stock VLM of one family, with its processor.
 
-    Where a random connector would write outputs too flat for a LayerNorm (their spread below its eps, 1e-5: the
-    aligned norm could not bring them to T), it is drawn larger: Gemma3's projection matrix (initialised to zeros,
-    which would send no image to the LLM) from N(0, 0.1); Mistral3's last projector layer times 30."""
+    Where a random connector would write outputs too flat for a LayerNorm (their spread below its eps, 1e-5, so the
+    aligned norm could not bring them to T), it is drawn larger: Gemma3's projection matrix (initialised to zeros, which
+    would send no image to the LLM) from N(0, 0.1), and Mistral3's last projector layer times 30.
+
+    Args:
+        family (`str`):
+            A `model_type` of `TINY_VLM_FAMILIES`, e.g. `"idefics3"`.
+        seed (`int`, *optional*, defaults to 0):
+            The seed of the random weights (set with `torch.manual_seed`).
+
+    Returns:
+        `TinyVLM`: The model, in eval mode, and its processor or processor files.
+
+    Raises:
+        `ValueError`: If `family` is not one of `TINY_VLM_FAMILIES`.
+    """
     import torch
 
     if family not in _BUILDERS:
@@ -502,10 +692,26 @@ def tiny_vlm(family: str, seed: int = 0) -> TinyVLM:
 
 
 def save_tiny_vlm(family: str, output_dir: str | os.PathLike, seed: int = 0) -> str:
-    """Write a tiny random stock VLM of ``family`` (``TINY_VLM_FAMILIES``: a ``model_type``, e.g. ``"idefics3"``,
-    ``"llava_next"``) to ``output_dir`` as its checkpoints are laid out: weights, config, tokenizer with a chat
-    template, image processor, processor config. The folder ``llava-normaligned align`` takes; ``train`` builds the
-    processor of the families in ``TRAINS_WITHOUT_TORCHVISION`` without torchvision. Returns the folder's path."""
+    """Writes a tiny random stock VLM to a folder laid out as the family's checkpoints are: weights, config,
+    tokenizer with a chat template, image processor, processor config.
+
+    This is the folder `llava-normaligned align` takes; `train` builds the processor of the families in
+    `TRAINS_WITHOUT_TORCHVISION` without torchvision.
+
+    Args:
+        family (`str`):
+            A `model_type` of `TINY_VLM_FAMILIES`, e.g. `"idefics3"` or `"llava_next"`.
+        output_dir (`str` or `os.PathLike`):
+            The folder to write to.
+        seed (`int`, *optional*, defaults to 0):
+            The seed of the random weights.
+
+    Returns:
+        `str`: The folder's path.
+
+    Raises:
+        `ValueError`: If `family` is not one of `TINY_VLM_FAMILIES`.
+    """
     return tiny_vlm(family, seed=seed).save(output_dir)
 
 

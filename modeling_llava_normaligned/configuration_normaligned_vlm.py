@@ -1,12 +1,11 @@
 """Configurations of stock vision-language models with the norm-aligned LayerNorm (Li et al., arXiv 2512.08374, §5.1)
-inserted where the connector's output becomes the LLM's input embeddings (``llava-normaligned align``).
+at the point where the connector's output becomes the LLM's input embeddings (`llava-normaligned align`).
 
-One class per stock family, made on first use: ``NormAligned<StockConfig>`` subclasses the stock config (every
-field, sub-config and default is the stock one), has its own ``model_type`` (``normaligned_<stock model_type>``, so
-that a folder loaded without ``trust_remote_code`` fails loudly instead of silently dropping the norm) and adds the
-norm's fields. transformers resolves ``auto_map`` names with ``getattr`` on this module, which builds the class
-(PEP 562 ``__getattr__``). This file is pushed to the Hub with every aligned checkpoint: it imports only
-transformers.
+`NormAligned<StockConfig>` subclasses the stock config (every field, sub-config and default is the stock one), adds the
+norm's fields and has its own `model_type`, `normaligned_<stock model_type>`, so that a folder loaded without
+`trust_remote_code` fails loudly instead of silently dropping the norm. The classes are built on first use: transformers
+resolves `auto_map` names with `getattr` on this module (PEP 562 `__getattr__`). This file is pushed to the Hub with
+every aligned checkpoint, so it imports only transformers.
 """
 
 from transformers import AutoConfig
@@ -57,7 +56,27 @@ def _check(config) -> None:
 
 
 def aligned_config_class(stock_model_type: str):
-    """``NormAligned<StockConfig>`` for a stock ``model_type`` (built once)."""
+    """
+    Returns the aligned configuration class of a stock model type, built on first use and then reused.
+
+    The class, `NormAligned<StockConfig>`, keeps every field and default of the stock config and adds the norm's:
+    `norm_family` (the package's family name), `norm_connector` (the connector's module path), `norm_entry`,
+    `norm_target` (T), `norm_init`, `gradient_compensation`, `gradient_compensation_min` and `norm_source` (the stock
+    model's Hub id). Its `model_type` is `normaligned_<stock_model_type>`, and it is marked for `AutoConfig`
+    (`register_for_auto_class`), so that `save_pretrained` copies this file and writes the `auto_map`. An instance
+    checks the norm's fields before the stock `__post_init__` runs and raises a `ValueError` naming the field that is
+    wrong.
+
+    Args:
+        stock_model_type (`str`):
+            The stock `model_type`, one of `STOCK_MODEL_TYPES` (e.g. `"qwen2_vl"`).
+
+    Returns:
+        `type`: The `NormAligned<StockConfig>` class; the same object on every call with the same `stock_model_type`.
+
+    Raises:
+        `ValueError`: If `stock_model_type` is not one of `STOCK_MODEL_TYPES`.
+    """
     if stock_model_type not in STOCK_MODEL_TYPES:
         raise ValueError(f"no aligned config for model_type {stock_model_type!r} (known: {', '.join(STOCK_MODEL_TYPES)})")
     if stock_model_type in _CONFIG_CLASSES:
@@ -103,7 +122,18 @@ def aligned_config_class(stock_model_type: str):
 
 
 def stock_model_type(aligned_model_type: str) -> str | None:
-    """``qwen2_vl`` for ``normaligned_qwen2_vl``; None for a model type that is not an aligned one."""
+    """
+    Returns the stock model type an aligned model type was made from.
+
+    Args:
+        aligned_model_type (`str`):
+            A `model_type`, e.g. `"normaligned_qwen2_vl"`.
+
+    Returns:
+        `str` or `None`: The stock model type (`"qwen2_vl"` for `"normaligned_qwen2_vl"`), or `None` when
+        `aligned_model_type` is empty, lacks the `normaligned_` prefix, or names a stock type not in
+        `STOCK_MODEL_TYPES`.
+    """
     if aligned_model_type and aligned_model_type.startswith(MODEL_TYPE_PREFIX):
         stock = aligned_model_type[len(MODEL_TYPE_PREFIX) :]
         return stock if stock in STOCK_MODEL_TYPES else None
@@ -111,8 +141,12 @@ def stock_model_type(aligned_model_type: str) -> str | None:
 
 
 def register_config_classes() -> None:
-    """Make every ``normaligned_*`` model type known to ``AutoConfig`` in this process (idempotent): the processor
-    and tokenizer loaders read a folder's ``config.json`` and would otherwise ask for remote code again."""
+    """
+    Registers every `normaligned_*` configuration class with `AutoConfig` in this process (idempotent).
+
+    The processor and tokenizer loaders read a folder's `config.json`; without this registration they would ask again
+    whether to run the folder's remote code. Called when this module is imported.
+    """
     for model_type in STOCK_MODEL_TYPES:
         cls = aligned_config_class(model_type)
         AutoConfig.register(cls.model_type, cls, exist_ok=True)

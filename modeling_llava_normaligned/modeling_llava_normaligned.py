@@ -2,10 +2,10 @@
 
 Stock transformers LLaVA with one change: a LayerNorm after the visual projector whose gain starts at T / sqrt(D)
 (T: mean L2 norm of the LLM's text-embedding rows, D: LLM width), so that vision tokens enter the LLM with the norm
-of text tokens, and a backward rule, Global Weight Compensation (GWC), that keeps the tiny gain from starving the
+of text tokens, and a backward rule, Global Weight Compensation (GWC), that keeps the small gain from starving the
 projector and vision encoder of gradient.
 
-The norm lives in ``model.multi_modal_projector.norm``, inside the base model, because trainers (TRL's SFT trainer)
+The norm lives in `model.multi_modal_projector.norm`, inside the base model, because trainers (TRL's SFT trainer)
 call the base model directly. This file is pushed to the Hub with every checkpoint: it imports torch, transformers
 and its sibling configuration file only.
 """
@@ -45,8 +45,18 @@ TEXT_NORM_EPS = 1e-6
 
 @torch.no_grad()
 def embedding_row_norms(embedding_weight: torch.Tensor) -> torch.Tensor:
-    """(V,) float32 L2 norms of the rows of a (V, D) embedding table, computed in chunks: a float32 copy of a whole
-    150k x 3584 table would cost 2 GB."""
+    """
+    Computes the L2 norm of every row of an embedding table, in float32, 16384 rows at a time.
+
+    Working in chunks avoids a float32 copy of the whole table (2 GB for a 150k x 3584 table).
+
+    Args:
+        embedding_weight (`torch.Tensor` of shape `(vocab_size, hidden_size)`):
+            The embedding table, in any floating dtype.
+
+    Returns:
+        `torch.FloatTensor` of shape `(vocab_size,)`: The L2 norm of each row.
+    """
     return torch.cat([rows.float().norm(dim=-1) for rows in embedding_weight.detach().split(16384)])
 
 
@@ -54,15 +64,30 @@ def embedding_row_norms(embedding_weight: torch.Tensor) -> torch.Tensor:
 def text_embedding_norm_target(
     embedding_weight: torch.Tensor, eps: float = TEXT_NORM_EPS, exclude_token_ids=()
 ) -> float:
-    """T: the mean L2 norm of the text-embedding rows whose norm exceeds ``eps`` (paper §5.1).
+    """
+    Computes T, the mean L2 norm of the text-embedding rows whose norm exceeds `eps` (paper §5.1).
 
-    ``exclude_token_ids``: rows left out, meant for the image placeholder token (``config.image_token_id``). Its row
-    is never an input of the LLM: ``get_image_features`` replaces every placeholder position with a visual token
-    before the first decoder layer, so it is not a text embedding, and it is not there at all in the LM an image
-    token is added to. Leaving it out makes T the same number whether it is measured before the token is added
-    (``compose``), on a stock LLaVA that has it (``convert``), or on any checkpoint later (training logs, the card,
-    ``diagnose``). Ids outside the table are ignored. Every other row counts, added special tokens included (a pad
-    or chat-template token is a text input); rows of norm <= eps (padding, never-trained rows) are dropped.
+    Rows of norm <= `eps` (padding, never-trained rows) are dropped. Every other row counts, added special tokens
+    included (a pad or chat-template token is a text input), except the rows in `exclude_token_ids`. That argument is
+    meant for the image placeholder token: `get_image_features` replaces every placeholder position with a visual token
+    before the first decoder layer, so its row is never an input of the LLM. Leaving it out gives the same T whether it
+    is measured before the token is added (`compose`), on a stock LLaVA that has it (`convert`), or on any checkpoint
+    later (training logs, the model card, `diagnose`).
+
+    Args:
+        embedding_weight (`torch.Tensor` of shape `(vocab_size, hidden_size)`):
+            The LLM's input-embedding table.
+        eps (`float`, *optional*, defaults to `TEXT_NORM_EPS` (1e-6)):
+            Rows whose L2 norm is <= `eps` are left out.
+        exclude_token_ids (`Iterable[int]`, *optional*, defaults to `()`):
+            Token ids whose rows are left out. `None` entries and ids outside the table are ignored.
+
+    Returns:
+        `float`: T, the mean L2 norm of the rows that are kept.
+
+    Raises:
+        `ValueError`: If `embedding_weight` is `None`, not 2-D or empty, if it is on the meta device, or if no row is
+        left once the small rows and `exclude_token_ids` are dropped.
     """
     if embedding_weight is None or embedding_weight.ndim != 2 or embedding_weight.numel() == 0:
         raise ValueError("text embeddings: expected a non-empty (vocab_size, hidden_size) matrix to compute T from")
@@ -79,7 +104,17 @@ def text_embedding_norm_target(
 
 
 def image_token_id_of(config) -> int | None:
-    """The image placeholder token of a LLaVA config (``image_token_id``; ``image_token_index`` in older configs)."""
+    """
+    Reads the image placeholder token id of a LLaVA config.
+
+    Args:
+        config (`PretrainedConfig` or `dict`):
+            A config object or its `config.json` as a dict.
+
+    Returns:
+        `int` or `None`: `image_token_id` (`image_token_index` in older configs), the first of the two that holds an
+        integer (not a bool); `None` when neither does.
+    """
     for key in ("image_token_id", "image_token_index"):
         value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
@@ -88,14 +123,43 @@ def image_token_id_of(config) -> int | None:
 
 
 def model_norm_target(model) -> float:
-    """T of a LLaVA-style model (this one or stock): its input embeddings, without the image token's row."""
+    """
+    Computes T of a LLaVA-style model (this one or stock) from its input embeddings, without the image token's row.
+
+    Args:
+        model (`PreTrainedModel`):
+            A model with `get_input_embeddings()` and a config with the image token id (see `image_token_id_of`).
+
+    Returns:
+        `float`: T, as `text_embedding_norm_target` computes it.
+
+    Raises:
+        `ValueError`: As `text_embedding_norm_target` raises it (e.g. embeddings on the meta device).
+    """
     return text_embedding_norm_target(
         model.get_input_embeddings().weight, exclude_token_ids=(image_token_id_of(model.config),)
     )
 
 
 def gain_init(norm_init: str, norm_target: float | None, hidden_size: int) -> float:
-    """The initial gain of the projector norm: T / sqrt(D) (paper §5.1) or 1 (paper Table 5, "Default Init")."""
+    """
+    Computes the initial gain of the projector norm.
+
+    Args:
+        norm_init (`str`):
+            `"default"` for gain 1 (paper Table 5, "Default Init"); any other value (`"target"`) gives T / sqrt(D)
+            (paper §5.1).
+        norm_target (`float` or `None`):
+            T. Required unless `norm_init` is `"default"`.
+        hidden_size (`int`):
+            D, the LLM's width.
+
+    Returns:
+        `float`: `norm_target / sqrt(hidden_size)`, or 1.0 for `norm_init="default"`.
+
+    Raises:
+        `ValueError`: If `norm_target` is `None` and `norm_init` is not `"default"`.
+    """
     if norm_init == "default":
         return 1.0
     if norm_target is None:
@@ -104,12 +168,37 @@ def gain_init(norm_init: str, norm_target: float | None, hidden_size: int) -> fl
 
 
 def norm_gain_init(config: LlavaNormAlignedConfig) -> float:
-    """``gain_init`` of a config: its ``norm_init``, ``norm_target`` and LLM width."""
+    """
+    Computes `gain_init` from a config's `norm_init`, `norm_target` and `text_config.hidden_size`.
+
+    Args:
+        config ([`LlavaNormAlignedConfig`]):
+            The model's config.
+
+    Returns:
+        `float`: The initial gain of the projector norm.
+
+    Raises:
+        `ValueError`: If `config.norm_init` is `"target"` and `config.norm_target` is not set.
+    """
     return gain_init(config.norm_init, config.norm_target, config.text_config.hidden_size)
 
 
 def compensation_factor(gain: torch.Tensor, clamp_min: float) -> torch.Tensor:
-    """GWC's factor 1 / clamp(mean |g|, delta) (paper §5.1), as a 0-d tensor of at least float32 precision."""
+    """
+    Computes the GWC factor 1 / clamp(mean |g|, clamp_min) (paper §5.1).
+
+    The gain is detached and reduced in at least float32 precision (a bf16 or fp16 gain is promoted first).
+
+    Args:
+        gain (`torch.Tensor` of shape `(hidden_size,)`):
+            The norm's gain g.
+        clamp_min (`float`):
+            The clamp δ (`gradient_compensation_min`).
+
+    Returns:
+        `torch.Tensor` of shape `()`: The factor, in float32 or the gain's dtype if that is wider, on the gain's device.
+    """
     gain = gain.detach()
     gain = gain.to(torch.promote_types(gain.dtype, torch.float32))  # bf16/fp16 gains: reduce in fp32
     return gain.abs().mean().clamp_min(clamp_min).reciprocal()
@@ -117,10 +206,23 @@ def compensation_factor(gain: torch.Tensor, clamp_min: float) -> torch.Tensor:
 
 @torch.no_grad()
 def gain_statistics(gain: torch.Tensor, bias: torch.Tensor | None, compensation_min: float | None = None) -> dict:
-    """Paper Table 5's statistics of the projector norm: ``gain_l2`` (||g||_2), ``gain_abs_mean`` / ``gain_abs_std``
-    (mean and std of |g|), ``bias_abs_mean`` / ``bias_abs_std`` (of |b|), plus ``bias_l2``; with
-    ``compensation_min`` (GWC on), ``gwc_factor`` = 1 / clamp(mean |g|, compensation_min) (paper §5.1). One set of
-    key names for the training summary, the norm tracking and the model card."""
+    """
+    Computes paper Table 5's statistics of the projector norm, under the key names that the training summary, the norm
+    tracking and the model card share.
+
+    Args:
+        gain (`torch.Tensor` of shape `(hidden_size,)`):
+            The norm's gain g.
+        bias (`torch.Tensor` of shape `(hidden_size,)` or `None`):
+            The norm's bias b; `None` is read as zeros.
+        compensation_min (`float`, *optional*):
+            The GWC clamp δ. When given (GWC on), the result also holds `gwc_factor`.
+
+    Returns:
+        `dict[str, float]`: `gain_l2` (||g||_2), `gain_abs_mean` and `gain_abs_std` (mean and std of |g|), `bias_l2`,
+        `bias_abs_mean` and `bias_abs_std` (of |b|; each std is 0.0 for a single element), and with `compensation_min`
+        `gwc_factor` = 1 / clamp(mean |g|, compensation_min) (paper §5.1).
+    """
     gain = gain.detach().float()
     bias = torch.zeros_like(gain) if bias is None else bias.detach().float()
     stats = {
@@ -156,12 +258,23 @@ class _CompensateGradient(torch.autograd.Function):
 
 
 class NormAlignedLayerNorm(nn.LayerNorm):
-    """LayerNorm with Global Weight Compensation (paper §5.1 and Appendix D).
+    """
+    LayerNorm with Global Weight Compensation (paper §5.1 and Appendix D).
 
     y = (x - mean) / sqrt(var + eps) * g + b. With compensation on, the gradient w.r.t. the normalized tensor x_hat,
     (dL/dy * g), is multiplied by 1 / clamp(mean|g|, min). The map x -> x_hat is linear in that gradient, so scaling
     the gradient at the input x is the same thing and lets the fused layer_norm kernel do the work; the gain's and
     bias's own gradients (dL/dy * x_hat, dL/dy) are untouched.
+
+    Args:
+        hidden_size (`int`):
+            The size of the last dimension, normalized over.
+        eps (`float`, *optional*, defaults to 1e-5):
+            Added to the variance.
+        compensation (`bool`, *optional*, defaults to `True`):
+            Whether GWC scales the gradient.
+        compensation_min (`float`, *optional*, defaults to 1e-3):
+            The clamp δ of GWC.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, compensation: bool = True, compensation_min: float = 1e-3):
@@ -170,15 +283,35 @@ class NormAlignedLayerNorm(nn.LayerNorm):
         self.compensation_min = compensation_min
 
     def compensation_factor(self) -> torch.Tensor:
-        """1 / clamp(mean |g|, min): the GWC factor for the current gain."""
+        """
+        Computes the GWC factor 1 / clamp(mean |g|, `compensation_min`) for the current gain (`compensation_factor`).
+
+        Returns:
+            `torch.Tensor` of shape `()`: The factor.
+        """
         return compensation_factor(self.weight, self.compensation_min)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        """
+        Applies the LayerNorm; the gradient to `hidden_states` is scaled by the GWC factor when `compensation` is on,
+        gradients are enabled and `hidden_states` requires grad.
+
+        Args:
+            hidden_states (`torch.Tensor` of shape `(..., hidden_size)`):
+                The tensor to normalize over its last dimension, e.g. `(batch_size, num_image_tokens, hidden_size)`.
+
+        Returns:
+            `torch.Tensor` of the same shape as `hidden_states`: The normalized tensor, times the gain, plus the bias.
+        """
         if self.compensation and torch.is_grad_enabled() and hidden_states.requires_grad:
             hidden_states = _CompensateGradient.apply(hidden_states, self.weight, self.compensation_min)
         return F.layer_norm(hidden_states, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
+        """
+        Returns:
+            `str`: `nn.LayerNorm`'s description followed by `compensation` and `compensation_min`.
+        """
         return f"{super().extra_repr()}, compensation={self.compensation}, compensation_min={self.compensation_min}"
 
 
@@ -193,13 +326,23 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
 
     @torch.no_grad()
     def reset_norm(self, config: LlavaNormAlignedConfig | None = None) -> NormAlignedLayerNorm | None:
-        """(Re)build and initialise the projector norm from ``config`` (default: the model's config this projector
-        was built with, as it reads now): the one way to change the norm after the model is built.
+        """
+        Rebuilds and initialises the projector norm: the one way to change the norm after the model is built.
 
-        ``projector_norm`` None: no norm (the paper's "w/o Norm", exactly the stock projector). ``"layernorm"``: a new
-        ``NormAlignedLayerNorm`` with GWC per ``gradient_compensation`` / ``gradient_compensation_min``, gain
-        T / sqrt(D) (``norm_init`` "target", paper §5.1; needs ``norm_target``) or 1 ("default", paper Table 5), bias
-        0, on the device and in the dtype of the projector's own weights. Returns the new norm (or None).
+        With `config.projector_norm=None` the projector gets no norm (the paper's "w/o Norm", exactly the stock
+        projector). With `"layernorm"` it gets a new [`NormAlignedLayerNorm`] with GWC per `gradient_compensation` /
+        `gradient_compensation_min`, bias 0 and gain T / sqrt(D) (`norm_init="target"`, paper §5.1) or 1 (`"default"`,
+        paper Table 5), on the device and in the dtype of the projector's `linear_1.weight`.
+
+        Args:
+            config ([`LlavaNormAlignedConfig`], *optional*):
+                The config to read. Defaults to the config this projector was built with, as it reads now.
+
+        Returns:
+            [`NormAlignedLayerNorm`] or `None`: The new norm, also set as `self.norm`.
+
+        Raises:
+            `ValueError`: If the config asks for a norm with `norm_init="target"` and has no `norm_target`.
         """
         config = self._norm_config if config is None else config
         norm = new_norm(config)
@@ -211,6 +354,18 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
         return norm
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:  # (B, N, D_vision) -> (B, N, D_text)
+        """
+        Applies LLaVA-1.5's 2-layer MLP, then the aligned LayerNorm when there is one.
+
+        Args:
+            image_features (`torch.Tensor` of shape `(num_images, num_image_tokens, vision_feature_size)`):
+                The selected vision features; `vision_feature_size` is the vision width times the number of vision
+                feature layers (one unless `config.vision_feature_layer` is a list).
+
+        Returns:
+            `torch.Tensor` of shape `(num_images, num_image_tokens, text_hidden_size)`: The image tokens as the LLM
+            receives them.
+        """
         hidden_states = super().forward(image_features)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
@@ -218,8 +373,18 @@ class LlavaNormAlignedProjector(LlavaMultiModalProjector):
 
 
 def new_norm(config) -> NormAlignedLayerNorm | None:
-    """The aligned norm ``config`` asks for (this model's config, or an aligned stock VLM's), its values not set
-    yet; None for the "w/o Norm" variant. Width: the LLM's (``config.get_text_config().hidden_size``)."""
+    """
+    Builds the aligned norm a config asks for, with `nn.LayerNorm`'s initial values (`fill_norm` sets the aligned ones).
+
+    Args:
+        config ([`LlavaNormAlignedConfig`] or `PretrainedConfig`):
+            This model's config or an aligned stock VLM's, read for `projector_norm` (absent counts as `"layernorm"`),
+            `gradient_compensation`, `gradient_compensation_min` and the LLM's width
+            (`config.get_text_config().hidden_size`).
+
+    Returns:
+        [`NormAlignedLayerNorm`] or `None`: The norm, or `None` for `projector_norm=None` (the "w/o Norm" variant).
+    """
     if getattr(config, "projector_norm", "layernorm") is None:  # paper "w/o Norm": exactly the stock projector
         return None
     return NormAlignedLayerNorm(
@@ -231,7 +396,15 @@ def new_norm(config) -> NormAlignedLayerNorm | None:
 
 @torch.no_grad()
 def fill_norm(norm: NormAlignedLayerNorm, gain: float) -> None:
-    """Gain ``gain`` (T / sqrt(D) or 1: ``norm_gain_init``), bias 0, whatever the norm held (paper §5.1)."""
+    """
+    Sets a norm's gain to `gain` and its bias to 0 in place, whatever it held (paper §5.1).
+
+    Args:
+        norm ([`NormAlignedLayerNorm`]):
+            The norm to fill.
+        gain (`float`):
+            The gain, T / sqrt(D) or 1 (see `norm_gain_init`).
+    """
     norm.weight.fill_(gain)
     norm.bias.zero_()
 
@@ -258,36 +431,47 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
 
     @classmethod
     def is_custom_code(cls) -> bool:
-        """False: weights are initialised as for a model inside transformers (stock LLaVA).
+        """
+        Tells transformers to initialise the weights as for a model inside transformers (stock LLaVA).
 
-        transformers treats every class defined outside its package as custom code and then marks a module
-        initialised when its own parameters are, before that module's ``_init_weights`` runs. A vision tower's
-        attention and MLP modules hold no parameters of their own (their ``nn.Linear`` children do), so they were
-        skipped, and weights that ``from_pretrained`` fills in there (``q_proj``, ``fc1``, ...) kept the generic
-        std 0.02 instead of the vision model's own init. That shortcut exists for remote code that writes parameters
-        in place; this model initialises only through ``transformers.initialization`` (``_init_weights``), which
-        leaves loaded weights alone. ``is_remote_code()`` is untouched: ``save_pretrained`` still copies the code.
+        transformers treats every class defined outside its package as custom code and then marks a module initialised
+        as soon as its own parameters are, before its `_init_weights` runs. The vision tower's attention and MLP modules
+        hold no parameters of their own, so they were skipped and their `nn.Linear` weights kept the generic std 0.02
+        init instead of the vision model's own. This model initialises only through `transformers.initialization`, which
+        leaves loaded weights alone. `is_remote_code()` is unchanged, so `save_pretrained` still copies the code.
+
+        Returns:
+            `bool`: Always `False`.
         """
         return False
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """``PreTrainedModel.from_pretrained``, with transformers' conventions for missing weights, and two refusals.
+        """
+        Loads the model with `PreTrainedModel.from_pretrained`, and refuses two kinds of checkpoint it cannot read.
 
-        Missing weights are initialised as stock LLaVA initialises them and reported as transformers reports them
-        (its load report, ``output_loading_info=True``), plus one warning that names the checkpoint and the way
-        out. A missing projector norm (what a stock LLaVA lacks) is initialised to T / sqrt(D) and said in its own
-        warning. The package's loader (``llava_normaligned.loading.load_model``, behind every command) refuses any
-        checkpoint that lacks a weight other than the projector norm's.
+        Missing weights are initialised as stock LLaVA initialises them and reported in transformers' load report
+        (`output_loading_info=True`), with one warning that names the checkpoint and the way out. A missing projector
+        norm (what a stock LLaVA lacks) is initialised to T / sqrt(D) and reported in its own warning. The package's
+        loader (`llava_normaligned.loading.load_model`, behind every command) refuses any checkpoint that lacks a weight
+        other than the projector norm's.
 
-        Refused here, with the ``llava-normaligned convert --from-llava`` hint:
+        Args:
+            *args, **kwargs:
+                The arguments of `PreTrainedModel.from_pretrained` (`pretrained_model_name_or_path` first).
+            output_loading_info (`bool`, *optional*, defaults to `False`):
+                Whether to also return transformers' loading info.
 
-        * a stock LLaVA checkpoint (its config's ``model_type`` is not this model's). transformers would load it
-          through LLaVA's key mapping and save it back in LLaVA's legacy key layout, under this model's config: a
-          folder this model cannot read;
-        * a checkpoint in LLaVA's legacy key layout (``language_model.model.*``, ``language_model.lm_head.*``)
-          under this model's config: transformers renames those keys for stock LLaVA only, so the whole language
-          model would stay random.
+        Returns:
+            [`LlavaNormAlignedPreTrainedModel`]: The model, an instance of `cls`; with `output_loading_info=True` the
+            tuple `(model, loading_info)`, where `loading_info` is transformers' report (a `dict` with `missing_keys`,
+            `unexpected_keys` and more).
+
+        Raises:
+            `ValueError`: With the `llava-normaligned convert --from-llava` hint, for a checkpoint whose config's
+            `model_type` is not this model's (a stock LLaVA: transformers would load it through LLaVA's key mapping and
+            save it back in a layout this model cannot read), or for one in LLaVA's legacy key layout
+            (`language_model.model.*`, `language_model.lm_head.*`), whose language model would otherwise stay random.
         """
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
@@ -336,6 +520,13 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
 
     @torch.no_grad()
     def initialize_weights(self):
+        """
+        Initialises the weights as `PreTrainedModel.initialize_weights` does, then completes T when it is not known.
+
+        When the model has a projector norm that was not loaded from a checkpoint and `config.norm_target` is `None`, T
+        is computed from the model's own input embeddings (initialised or loaded by then; skipped while they are on the
+        meta device), stored in `config.norm_target`, and the norm is filled with the gain it gives.
+        """
         norm = self.get_projector_norm()
         norm_was_set = norm is not None and loaded_by_from_pretrained(norm.weight)
         super().initialize_weights()
@@ -348,7 +539,13 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
         fill_norm(norm, norm_gain_init(self.config))
 
     def get_projector_norm(self) -> NormAlignedLayerNorm | None:
-        """The projector's aligned LayerNorm; None for the "w/o Norm" variant (or while the base is not built)."""
+        """
+        Returns the projector's aligned LayerNorm.
+
+        Returns:
+            [`NormAlignedLayerNorm`] or `None`: The norm; `None` for the "w/o Norm" variant, or while the base model is
+            not built yet.
+        """
         base = self if isinstance(self, LlavaNormAlignedModel) else getattr(self, self.base_model_prefix, None)
         return None if base is None else base.get_submodule(PROJECTOR_NORM_PATH.rpartition(".")[0]).norm
 
@@ -389,24 +586,36 @@ def labelled_positions_loss(
     ignore_index: int = -100,
     chunk_rows: int = LOSS_CHUNK_ROWS,
 ) -> torch.Tensor:
-    """The causal-LM loss of transformers (``ForCausalLMLoss``: next-token cross-entropy, summed and divided by
-    ``num_items_in_batch``, else averaged over the labelled positions), computed through ``lm_head`` at the labelled
-    positions only.
+    """
+    Computes transformers' causal-LM loss (`ForCausalLMLoss`) with the LM head applied at the labelled positions only.
+
+    The loss is the next-token cross-entropy in float32, summed and divided by `num_items_in_batch`, else averaged over
+    the labelled positions. A LLaVA row's image tokens, system prompt and question carry no label, and the full path
+    would turn each of them into a vocabulary-wide row of logits.
 
     Args:
-        hidden_states (`torch.Tensor` of shape `(batch_size, sequence_length, hidden_size)`): the LLM's last hidden
-            states.
-        lm_head (`nn.Module`): hidden states -> logits over the vocabulary.
-        labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`): the token ids to predict, unshifted,
-            `ignore_index` where there is none; or
-        shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`): already shifted (position i
-            holds the label of the token after i), as sequence-parallel trainers pass them.
-        num_items_in_batch: the labelled positions of the whole optimizer step (gradient accumulation), if known.
-        chunk_rows: positions through the LM head at a time; with gradients on, each chunk's logits are recomputed
-            in backward instead of kept, so memory holds one chunk's `(chunk_rows, vocab_size)` at most.
+        hidden_states (`torch.Tensor` of shape `(batch_size, sequence_length, hidden_size)`):
+            The LLM's last hidden states.
+        lm_head (`nn.Module`):
+            Maps hidden states to logits over the vocabulary.
+        labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            The token ids to predict, unshifted, `ignore_index` where there is none. Required unless `shift_labels` is
+            given.
+        shift_labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Labels already shifted (position i holds the label of the token after i), as sequence-parallel trainers pass
+            them. Used instead of `labels` when given.
+        num_items_in_batch (`int` or `torch.Tensor`, *optional*):
+            The number of labelled positions in the whole optimizer step (gradient accumulation), if known.
+        ignore_index (`int`, *optional*, defaults to -100):
+            The label value of positions that are not predicted.
+        chunk_rows (`int`, *optional*, defaults to `LOSS_CHUNK_ROWS` (2048)):
+            Positions passed through the LM head at a time. With gradients on and more positions than this, each chunk's
+            logits are recomputed in backward instead of kept, so memory holds at most one chunk's
+            `(chunk_rows, vocab_size)` logits.
 
     Returns:
-        `torch.Tensor`: the scalar loss (0, connected to the graph, when no position is labelled).
+        `torch.FloatTensor` of shape `()`: The loss; 0, still connected to the LM head in the graph, when no position is
+        labelled.
     """
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
@@ -442,14 +651,37 @@ class LlavaNormAlignedForConditionalGeneration(
         self.post_init()
 
     def loss_at_labels_only(self, labels) -> bool:
-        """Whether this call computes the loss at the labelled positions only (``config.loss_at_labels_only``):
-        training with labels; evaluation and generation get the full logits."""
+        """
+        Tells whether a forward call computes the loss at the labelled positions only.
+
+        Args:
+            labels (`torch.LongTensor` of shape `(batch_size, sequence_length)` or `None`):
+                The `labels` passed to `forward`.
+
+        Returns:
+            `bool`: `True` in training mode with `labels` given and `config.loss_at_labels_only` on (the default when
+            the config lacks the field); evaluation and generation get the full logits.
+        """
         return labels is not None and self.training and getattr(self.config, "loss_at_labels_only", True)
 
     def forward(self, *args, **kwargs) -> LlavaCausalLMOutputWithPast:
-        """Stock LLaVA's forward (same arguments and output), except in training mode with ``labels`` (and
-        ``config.loss_at_labels_only``): the LM head and the cross-entropy run at the labelled positions only
-        (``labelled_positions_loss``) and ``logits`` is ``None``."""
+        """
+        Runs stock LLaVA's forward, except in training mode with `labels` (see `loss_at_labels_only`): there the LM head
+        and the cross-entropy run at the labelled positions only (`labelled_positions_loss`), and `logits` is `None`.
+
+        Args:
+            *args, **kwargs:
+                The arguments of [`LlavaForConditionalGeneration.forward`], bound by name to its signature, e.g.
+                `input_ids` `(batch_size, sequence_length)`, `pixel_values` `(batch_size, num_channels, height, width)`,
+                `attention_mask` `(batch_size, sequence_length)` and `labels` `(batch_size, sequence_length)`. On the
+                labelled-positions path `shift_labels` and `num_items_in_batch` go to `labelled_positions_loss`, and
+                `logits_to_keep` is ignored (the labels decide which positions reach the LM head).
+
+        Returns:
+            [`LlavaCausalLMOutputWithPast`] or `tuple`: As stock LLaVA returns it; on the labelled-positions path a
+            `LlavaCausalLMOutputWithPast` with the scalar `loss`, `logits=None` and the base model's other outputs, or
+            its tuple when `return_dict` (else `config.return_dict`) is `False`.
+        """
         arguments = _LLAVA_FORWARD.bind(self, *args, **kwargs).arguments  # by name, as stock LLaVA reads them
         arguments.pop("self")
         arguments.update(arguments.pop("kwargs", {}))

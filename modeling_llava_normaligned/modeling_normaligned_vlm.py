@@ -1,22 +1,15 @@
 """Stock vision-language models with the norm-aligned LayerNorm (Li et al., arXiv 2512.08374, §5.1) where the
-connector's output becomes the LLM's input embeddings (``llava-normaligned align``).
+connector's output becomes the LLM's input embeddings (`llava-normaligned align`).
 
-``NormAligned<StockModel>`` subclasses the stock model class (its forward, generate, weight names and processor are
-the stock ones) and adds one module, ``<connector>.aligned_norm`` (``NormAlignedLayerNorm``: gain T / sqrt(D) at
-init, Global Weight Compensation in backward), applied to what the LLM receives at the image positions:
-
-* ``norm_entry = "connector_output"``: a forward hook on the connector module (``config.norm_connector``, a path
-  relative to this model) replaces its output with the norm of it;
-* ``norm_entry = "image_features"``: the base model's ``get_image_features`` / ``get_video_features`` outputs
-  (``pooler_output``) go through the norm (LLaVA-NeXT and OneVision append their ``image_newline`` rows after the
-  connector, so the connector's output is not yet what the LLM receives); the base model is then of a subclass of
-  the stock one that overrides these two methods.
-
-On a text-only input the model computes exactly what the stock model computes. Classes are made on first use
-(transformers resolves ``auto_map`` names with ``getattr`` on this module; PEP 562 ``__getattr__``). The weights are
-saved under the module names as they are (this class is custom code: transformers' per-model key conversions, such
-as Qwen2-VL's legacy ``visual.*`` / ``model.layers.*`` names, apply neither when saving nor when loading). This file
-is pushed to the Hub with every aligned checkpoint: it imports torch, transformers and its sibling files only.
+`NormAligned<StockModel>` subclasses the stock model class (its forward, generate, weight names and processor are the
+stock ones) and adds one module, `<connector>.aligned_norm` ([`NormAlignedLayerNorm`]), applied either by a forward
+hook on the connector (`norm_entry="connector_output"`) or to the output of the base model's `get_image_features` /
+`get_video_features` (`norm_entry="image_features"`: LLaVA-NeXT and OneVision append their `image_newline` rows after
+the connector). On a text-only input the model computes exactly what the stock model computes. Classes are built on
+first use: transformers resolves `auto_map` names with `getattr` on this module (PEP 562 `__getattr__`). The weights
+are saved under the module names as they are, since transformers' per-model key conversions do not apply to custom
+code. This file is pushed to the Hub with every aligned checkpoint: it imports torch, transformers and its sibling
+files only.
 """
 
 import functools
@@ -41,8 +34,19 @@ _MODEL_CLASSES: dict = {}
 
 
 def new_aligned_norm(config) -> NormAlignedLayerNorm:
-    """The norm the config asks for, gain T / sqrt(D) (or 1 for ``norm_init="default"``; 1 while T is unknown),
-    bias 0."""
+    """
+    Builds the aligned norm a config asks for, with its initial values set.
+
+    Args:
+        config (`PretrainedConfig`):
+            An aligned stock VLM's config (see `aligned_config_class`), read for `norm_init`, `norm_target`,
+            `gradient_compensation`, `gradient_compensation_min` and the LLM's width
+            (`config.get_text_config().hidden_size`).
+
+    Returns:
+        [`NormAlignedLayerNorm`]: The norm, with bias 0 and gain T / sqrt(D) (`norm_init="target"`), or 1
+        (`norm_init="default"`, or while `norm_target` is not known).
+    """
     norm = new_norm(config)
     fill_norm(norm, _gain(config))
     return norm
@@ -133,7 +137,26 @@ def _install(model) -> None:
 
 
 def aligned_model_class(stock_model_type: str):
-    """``NormAligned<StockForConditionalGeneration>`` for a stock ``model_type`` (built once)."""
+    """
+    Returns the aligned model class of a stock model type, built on first use and then reused.
+
+    The class, `NormAligned<StockForConditionalGeneration>`, subclasses the stock image-text-to-text class. Its
+    `__init__` runs the stock one, then adds `<connector>.aligned_norm` at `config.norm_connector` and applies it where
+    `config.norm_entry` says; it raises a `ValueError` when `config.norm_connector` is not set. Its `_init_weights`
+    gives the norm its initial gain (leaving loaded weights alone). The class is marked for
+    `AutoModelForImageTextToText` (`register_for_auto_class`), so that `save_pretrained` copies the remote code.
+
+    Args:
+        stock_model_type (`str`):
+            The stock `model_type`, one of `STOCK_MODEL_TYPES` (e.g. `"qwen2_vl"`).
+
+    Returns:
+        `type`: The `NormAligned<StockForConditionalGeneration>` class; the same object on every call with the same
+        `stock_model_type`.
+
+    Raises:
+        `ValueError`: If `stock_model_type` is not one of `STOCK_MODEL_TYPES`.
+    """
     if stock_model_type in _MODEL_CLASSES:
         return _MODEL_CLASSES[stock_model_type]
     config_class = aligned_config_class(stock_model_type)
@@ -144,7 +167,12 @@ def aligned_model_class(stock_model_type: str):
         _install(self)
 
     def get_aligned_norm(self) -> NormAlignedLayerNorm:
-        """The aligned LayerNorm (``<connector>.aligned_norm``)."""
+        """
+        Returns the aligned LayerNorm.
+
+        Returns:
+            [`NormAlignedLayerNorm`]: The module at `<config.norm_connector>.aligned_norm`.
+        """
         return getattr(self.get_submodule(self.config.norm_connector), ALIGNED_NORM_NAME)
 
     def _init_weights(self, module):
@@ -156,9 +184,19 @@ def aligned_model_class(stock_model_type: str):
         stock._init_weights(self, module)
 
     def save_pretrained(self, *args, **kwargs):
-        """``save_pretrained`` under the module names as they are (``save_original_format=False``): transformers
-        would write the stock submodules' legacy names (LLaVA-NeXT's ``language_model.model.*``), which only its
-        own conversions read back."""
+        """
+        Saves the model as `PreTrainedModel.save_pretrained` does, under the module names as they are.
+
+        `save_original_format` defaults to `False` here: otherwise transformers would write the stock submodules' legacy
+        names (LLaVA-NeXT's `language_model.model.*`), which only its own conversions read back.
+
+        Args:
+            *args, **kwargs:
+                The arguments of `PreTrainedModel.save_pretrained` (`save_directory` first).
+
+        Returns:
+            `None`: What `PreTrainedModel.save_pretrained` returns.
+        """
         kwargs.setdefault("save_original_format", False)
         return stock.save_pretrained(self, *args, **kwargs)
 
@@ -179,8 +217,10 @@ def aligned_model_class(stock_model_type: str):
 
 
 def register_model_classes() -> None:
-    """Register every aligned config and model class with ``AutoConfig`` / ``AutoModelForImageTextToText`` in this
-    process (idempotent), so that an aligned folder loads here without running its copy of this code."""
+    """
+    Registers every aligned config and model class with `AutoConfig` and `AutoModelForImageTextToText` in this process
+    (idempotent), so that an aligned folder loads here without running its copy of this code.
+    """
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     for model_type in STOCK_MODEL_TYPES:

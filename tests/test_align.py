@@ -384,3 +384,12 @@ def test_the_aligned_folder_names_no_local_path(folders):
                 with open(os.path.join(aligned, name), encoding="utf-8") as f:
                     text = f.read()
                 assert stock not in text and not local_paths_in(text), (family, name, local_paths_in(text))
+
+
+def test_a_quoted_home_folder_is_read_as_the_folder_not_as_a_hub_id(tmp_path, monkeypatch):
+    """`align '~/model'` (quoted, so the shell leaves the tilde): the processor files come from the folder."""
+    from llava_normaligned.align import processor_source
+
+    (tmp_path / "model").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert processor_source("~/model", None) == str(tmp_path / "model")

@@ -242,10 +242,12 @@ def test_the_real_llm_config_is_recorded_and_read_back():
     config = DemoConfig.real_llm(OFFLINE, "bfloat16")
     recorded = config.to_dict()
     assert recorded["parts"]["text_model"] == OFFLINE and recorded["compute_dtype"] == "bfloat16"
-    assert recorded["parts"]["text"] is None and "rows" not in recorded  # the default rows
-    assert config.row_keys == REAL_LLM_ROWS and config_from_dict(recorded) == config
+    # the default: the paper's question (target init + GWC against w/o Norm) with 8 seeds, recorded as such
+    assert recorded["parts"]["text"] is None and recorded["rows"] == ["no_norm", "norm_target_init_gwc"]
+    assert config.num_seeds == 8 and config.data.test_per_template >= 256 and config_from_dict(recorded) == config
     picked = DemoConfig.real_llm(OFFLINE, "float32", quick=True)
     assert picked.batch_size < config.batch_size and picked.stage2_steps < config.stage2_steps
+    assert "rows" not in picked.to_dict() and picked.row_keys == REAL_LLM_ROWS  # CI's run: every row's code path
 
 
 def test_the_two_stage_rows_train_grouped_with_eager_attention_and_the_stock_row_as_trl_ships(tmp_path):

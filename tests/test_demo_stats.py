@@ -126,3 +126,19 @@ def test_seeds_for_inverts_the_detectable_difference():
     assert seeds_for(1.0, 1e-4, most=50) is None
     with pytest.raises(ValueError, match="difference"):
         seeds_for(sd, 0.0)
+
+
+@pytest.mark.parametrize("low, high, verdict", [(0.037, 0.101, "These runs show alignment changing the accuracy"),
+                                                 (-0.01, 0.05, "These runs do not show alignment changing")])
+def test_the_depth_sentence_reads_the_interval_it_prints(low, high, verdict):
+    """The sentence under the per-layer tables concludes from the same paired interval it quotes, also for a row
+    without an entry among the contrasts (target init + GWC against w/o Norm is only a row's paired difference)."""
+    from llava_normaligned.demo.report import depth_text
+
+    paired = {"mean": (low + high) / 2, "half_width": (high - low) / 2, "low": low, "high": high}
+    rows = [{"key": "no_norm", "name": "w/o Norm", "layers": {"layers": [0, 1, 2]}, "paired_to_baseline": None},
+            {"key": "norm_target_init_gwc", "name": "w/ Norm, target init (w/ GWC)", "layers": {"layers": [0, 1, 2]},
+             "paired_to_baseline": {"real": {"avg": paired}}}]
+    text = depth_text({"rows": rows, "contrasts": []})
+    assert text.startswith("At this depth (2 LLM layers)") and verdict in text
+    assert ("(separated from zero)" in text) == (low > 0)

@@ -5,6 +5,7 @@ quick real-LLM demo that tests/test_demo_real_llm.py runs."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -29,14 +30,23 @@ def test_help_and_bad_arguments():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_without_a_gpu_it_stops_in_one_line(tmp_path):
     from llava_normaligned.commands.demo import config_from_args, make_parser
+    from llava_normaligned.demo.run import REAL_LLM_ROWS
+    from llava_normaligned.demo.synthetic import TEMPLATES
 
     done = _run("--output-dir", str(tmp_path / "out"))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
     parser = make_parser()
-    args = ["--output-dir", "x", "--text-model", "smollm2-135m-offline", "--seeds", "8", "--stage1-steps", "320",
-            "--stage2-steps", "640", "--test-per-template", "256", "--workers", "8"]
+    # the flags the script gives the demo, read from the script
+    script = open(SCRIPT).read()
+    values = dict(re.findall(r"\b(SEEDS|STAGE1|STAGE2|TEST|WORKERS|ROWS)=([^\s$;]+)", script))
+    (given,) = re.findall(r"ARGS=\((--rows [^)]*)\)", script)
+    for name, value in values.items():
+        given = given.replace(f'"${name}"', value)
+    args = ["--output-dir", "x", "--text-model", "smollm2-135m-offline", *given.replace("--device cuda", "").split()]
     config = config_from_args(parser.parse_args(args))
     assert (config.num_seeds, config.stage1_steps, config.stage2_steps) == (8, 320, 640)
     assert config.data.test_per_template == 256 and config.device is None and config.norm_gap == 40.0
+    # the paper's four rows and the stock row, one pass over the 5,120 captions in stage 1
+    assert config.row_keys == REAL_LLM_ROWS and config.data.train_per_template * len(TEMPLATES) == 16 * 320
     with pytest.raises(ValueError, match="--device cuda: torch sees no CUDA GPU"):
         config_from_args(parser.parse_args([*args, "--device", "cuda"]))

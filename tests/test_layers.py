@@ -3,7 +3,7 @@ run on the checkout as it is (``llava_normaligned/trainer`` and ``llava_normalig
 top-level folders, so the checkout reads as installed):
 
 - cli > demo > chat > the applications (none imports another) > the core > families > compat;
-- inside the core, the order the code has: tiny > compose, align > loading > console > io, public names, timings,
+- inside the core, the order the code has: tiny > compose, align > loading > console > atomic_files, public names, timings,
   compat and the other leaves;
 - the model's Hub files import only torch, transformers, safetensors and the standard library (an allow-list:
   ``tests/support/import_contracts.py``), and nothing of the package;
@@ -85,7 +85,7 @@ def test_the_copy_is_what_python_imports(tree):
         ("modeling_llava_normaligned/configuration_llava_normaligned.py", "import llava_normaligned", "model"),
         ("modeling_llava_normaligned/modeling_llava_normaligned.py", "import scipy", "model_allow_list"),
         ("modeling_llava_normaligned/configuration_normaligned_vlm.py", "import huggingface_hub", "model_allow_list"),
-        ("llava_normaligned/io.py", "from llava_normaligned import loading", "core_order"),  # io -> loading -> console -> io
+        ("llava_normaligned/atomic_files.py", "from llava_normaligned import loading", "core_order"),  # atomic_files -> loading -> console -> atomic_files
         ("llava_normaligned/console/checks.py", "from llava_normaligned import compose", "core_order"),
         ("llava_normaligned/families/anatomy.py", "import trl", "stacks"),
         ("llava_normaligned/loading.py", "import datasets", "stacks"),

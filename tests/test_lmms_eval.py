@@ -70,8 +70,9 @@ def lmms_python(tmp_path_factory) -> str:
 
 
 def _offline_env(hf_home: str) -> dict:
-    """This environment offline, with every Hugging Face cache under ``hf_home`` (cache settings from outside dropped)."""
-    outside = ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "LMMS_EVAL_DATASETS_CACHE", "LMMS_LOCAL_CACHE")
+    """This environment offline, every Hugging Face cache under ``hf_home`` (cache settings from outside dropped)."""
+    outside = ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "LMMS_EVAL_DATASETS_CACHE",
+               "LMMS_LOCAL_CACHE")
     return {**{k: v for k, v in os.environ.items() if k not in outside}, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

@@ -37,7 +37,7 @@ from trl import SFTConfig, SFTTrainer
 from llava_normaligned.compat import TrainerHooks, forget_accelerate_preparation, fused_head_compacted_on_cpu
 from llava_normaligned.console import BadInput
 from llava_normaligned.families.anatomy import anatomy_of
-from llava_normaligned.io import write_json_atomic
+from llava_normaligned.atomic_files import write_json_atomic
 from llava_normaligned.loading import LoadOptions
 from llava_normaligned.local_paths import hide_local_paths, public_name, public_record
 from llava_normaligned.part_metrics import gain_statistics, part_gradient_norms, part_parameters

@@ -19,7 +19,7 @@ from llava_normaligned.hub_cards.card import (
     validate_on_hub,
 )
 from llava_normaligned.hub_cards.selfcheck import TOKEN_PATTERN, SelfCheckError, check_checkpoint_folder
-from llava_normaligned.io import write_text_atomic
+from llava_normaligned.atomic_files import write_text_atomic
 
 
 def add_card_options(parser: argparse.ArgumentParser) -> None:

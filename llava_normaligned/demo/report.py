@@ -20,7 +20,7 @@ import os
 
 from llava_normaligned.console import CommandParser
 
-from ..io import write_json_atomic, write_text_atomic
+from ..atomic_files import write_json_atomic, write_text_atomic
 
 # Next to the tables: how the stock row was trained differs from the four variants' recipe in three ways.
 STOCK_ROW_NOTE = (
@@ -358,7 +358,7 @@ def depth_text(results: dict) -> str:
     rows = results["rows"]
     depth = len(rows[0]["layers"]["layers"]) - 1
     c = {(x["key"], x["reference"]): x for x in results.get("contrasts", [])}
-    parts = []
+    parts, changed = [], False
     for key in ("norm_target_init", "norm_target_init_gwc"):
         entry = c.get((key, "no_norm")) or next(
             ({**r["paired_to_baseline"]["real"]["avg"], "name": r["name"]} for r in rows
@@ -366,12 +366,11 @@ def depth_text(results: dict) -> str:
         if entry is None:
             continue
         name = entry.get("name") or key
+        changed = changed or _separated(entry)  # the verdict below reads the same entries as the parts
         verdict = "separated from zero" if _separated(entry) else "not separated from zero"
         parts.append(f"{name}: {_interval(entry, True)} against w/o Norm ({verdict})")
     if not parts:
         return ""
-    changed = any(_separated(c.get((k, "no_norm"), {"half_width": None}))
-                  for k in ("norm_target_init", "norm_target_init_gwc"))
     return (f"At this depth ({depth} LLM layers), alignment's effect on the real-image accuracy: {'; '.join(parts)}. "
             + ("These runs show alignment changing the accuracy at this depth." if changed else
                "These runs do not show alignment changing the accuracy at this depth."))

@@ -162,7 +162,7 @@ MARKDOWN_NAME = "embedding_comparison.md"
 
 
 def write(comparison: dict, output_dir: str) -> list[str]:
-    from ..io import write_json_atomic, write_text_atomic
+    from ..atomic_files import write_json_atomic, write_text_atomic
     from ..local_paths import public_record
     from .report import json_safe
 

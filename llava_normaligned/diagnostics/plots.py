@@ -12,7 +12,7 @@ import io
 import math
 import os
 
-from ..io import write_bytes_atomic
+from ..atomic_files import write_bytes_atomic
 from .report import models
 
 MODALITY_COLOURS = {"vision": "tab:blue", "text": "tab:orange"}

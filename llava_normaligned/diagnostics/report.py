@@ -14,7 +14,7 @@ import math
 import os
 from datetime import datetime, timezone
 
-from ..io import write_json_atomic, write_text_atomic
+from ..atomic_files import write_json_atomic, write_text_atomic
 from ..local_paths import public_name, public_record
 
 FORMAT = "llava-normaligned-diagnostics/1"

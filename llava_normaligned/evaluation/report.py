@@ -16,7 +16,7 @@ import math
 import os
 from datetime import datetime, timezone
 
-from ..io import write_json_atomic, write_text_atomic
+from ..atomic_files import write_json_atomic, write_text_atomic
 from ..local_paths import public_record
 from .tasks import PAPER_TASKS, TASKS
 

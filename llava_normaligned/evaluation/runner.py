@@ -176,7 +176,7 @@ def _resume_samples(samples_path: str) -> dict[str, list[dict]]:
                 continue  # the last line of a killed run may be cut short
             if not record.get("error"):  # failed samples run again
                 kept.setdefault(record["task"], []).append(record)
-    from ..io import write_text_atomic
+    from ..atomic_files import write_text_atomic
 
     write_text_atomic(samples_path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
                                             for records in kept.values() for r in records))

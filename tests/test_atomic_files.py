@@ -1,4 +1,4 @@
-"""llava_normaligned.io: atomic writes keep the previous file on failure, leave no temporary file, and write exactly
+"""llava_normaligned.atomic_files: atomic writes keep the previous file on failure, leave no temporary file, and write exactly
 what json.dump writes."""
 
 import json
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from llava_normaligned.io import write_bytes_atomic, write_json_atomic, write_text_atomic
+from llava_normaligned.atomic_files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 DATA = {"b": [1, 2.5, None, True], "a": {"é": "ünïcode", "z": 0}, "path": "x"}
 
