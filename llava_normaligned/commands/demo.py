@@ -72,7 +72,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rows", default=None, metavar="ROW,ROW",
                         help=f"the rows to train, by key, comma-separated: {', '.join(ROW_KEYS)} (w/o Norm, the "
                              f"baseline, always among them); default every row, with --text-model "
-                             f"{','.join(REAL_LLM_FULL['rows'])} (the paper's question with the power to answer it), "
+                             f"{','.join(REAL_LLM_FULL['rows'])} (the paper's question, 8 seeds each), "
                              f"--quick {','.join(REAL_LLM_ROWS)} (the paper's four and the stock row)")
     _add_size_flags(parser)
     _add_placement_flags(parser)

@@ -203,10 +203,10 @@ REAL_LLM_BATCHES = {"padding_free": False, "train_sampling_strategy": "group_by_
 # LLaVA-1.5's image tokens enter Vicuna at about 40x its text norm (the paper's RQ2: 39.96 after the projector,
 # text embeddings 0.80-1.38); the projector's draw alone gives SmolLM2-135M about 6x
 REAL_LLM_NORM_GAP = 40.0
-# The default with a real LLM answers the paper's question, target init + GWC against w/o Norm, with the seeds and
-# test questions that can detect about 3 points of average accuracy, in under 2 hours on 2 CPU cores: 8 seeds of the
-# two rows, 256 test questions per template, one pass over 960 captions (60 steps of 16) and 90 stage-2 steps;
-# ``--rows`` adds the other rows (docs/demo.md, "The committed run").
+# The default with a real LLM asks the paper's question, target init + GWC against w/o Norm, with as much power as
+# 2 hours on 2 CPU cores allow (sized from the pilot's spread for about 3 points; the committed run detects 4.4): 8
+# seeds of the two rows, 256 test questions per template, one pass over 960 captions (60 steps of 16) and 90 stage-2
+# steps; ``--rows`` adds the other rows (docs/demo.md, "The committed run").
 REAL_LLM_PAIR = ("no_norm", "norm_target_init_gwc")
 REAL_LLM_FULL = {"data": synthetic.SyntheticSpec(train_per_template=192, test_per_template=256), "num_seeds": 8,
                  "rows": REAL_LLM_PAIR,
