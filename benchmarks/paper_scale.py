@@ -241,13 +241,14 @@ def child_stock(spec: dict) -> int:
 
     sys.path.insert(0, HERE)
     import bench_train
-    from llava_normaligned.trainer.arguments import parse_train_args
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+    from trl import SFTTrainer
+
+    from llava_normaligned.commands.train import parse_train_args
     from llava_normaligned.trainer.data import load_llava_json
     from llava_normaligned.trainer.lora import stage2_lora_config
     from llava_normaligned.trainer.stages import freeze_for_stage
     from llava_normaligned.trainer.train import peak_memory
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
-    from trl import SFTTrainer
 
     logging.disable(logging.WARNING)
     config = parse_train_args(spec["argv"])
@@ -297,9 +298,10 @@ def zero2_step(opts, model: str, data, workdir: str, env: dict) -> dict:
 
 def tokens_per_row(model: str, data, stage: int) -> float:
     """Mean tokens of the rows ``train`` keeps (images expanded): what a step of ``batch`` rows processes."""
+    from transformers import AutoProcessor
+
     from llava_normaligned.trainer.data import load_llava_json
     from llava_normaligned.trainer.preprocess import prepare_dataset
-    from transformers import AutoProcessor
 
     prepared, _ = prepare_dataset(load_llava_json(*data), AutoProcessor.from_pretrained(model), max_length=2048,
                                   drop_text_only=stage == 1)

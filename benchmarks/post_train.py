@@ -274,8 +274,8 @@ _INPUTS: dict = {}  # per worker process: the inputs it read
 
 
 def _worker(work_dir: str, settings: dict, key: str, seed: int, position: tuple[int, int]) -> dict:
-    from llava_normaligned.console import quiet_known_notices
     from llava_normaligned.demo.run import quiet_libraries, torch_threads
+    from llava_normaligned.notices import quiet_known_notices
 
     quiet_known_notices([])
     settings = Settings(**settings)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from llava_normaligned.families.anatomy import LLAVA_NORMALIGNED, family_of
 from llava_normaligned.atomic_files import write_json_atomic
+from llava_normaligned.families.anatomy import LLAVA_NORMALIGNED, family_of
 from llava_normaligned.local_paths import hide_local_paths
 
 from .selfcheck import TOKEN_PATTERN, remote_code_files, require_model_folder, safetensors_header

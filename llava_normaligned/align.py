@@ -18,7 +18,8 @@ import os
 import shutil
 import tempfile
 
-from .console import BadInput
+from llava_normaligned.checks import BadInput
+
 from .families.anatomy import Family, anatomy_of, family_of
 from .loading import load_config, load_model
 from .norm_variant import NormVariant

@@ -3,7 +3,7 @@
 Each subcommand is a module of ``llava_normaligned.commands`` named as the command, with a ``main(argv) -> int``
 (and a ``make_parser()`` for ``--help``); a module is imported only when its subcommand runs, so ``--help`` stays
 fast. This module only parses the subcommand and dispatches; what commands share (``fail``, the input checks, the
-notice filters, the progress-bar switch, the help cache) lives in ``llava_normaligned.console``.
+notice filters, the progress-bar switch, the help cache) lives in ``llava_normaligned.commands.shared``.
 """
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ from __future__ import annotations
 import importlib
 import sys
 
+from llava_normaligned.notices import quiet_known_notices
+
 from .commands import COMMANDS, module_name
-from .console import (
+from .commands.shared import (
     INTERRUPTED,
     cached_help,
     end_hold,
     fail,
     hold_library_output,
     progress_bars_on_terminals_only,
-    quiet_known_notices,
 )
+
 
 def _usage() -> str:
     width = max(len(name) for name in COMMANDS)
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest in HELP_FLAGS:
         return cached_help(name, lambda args: importlib.import_module(module_name(name)).main(args))
     # what the libraries print while they are imported and the arguments read is shown once the command accepted its
-    # arguments, and dropped when it answers bad input with its one line (console.hold_library_output)
+    # arguments, and dropped when it answers bad input with its one line (shared.hold_library_output)
     hold_library_output()
     try:
         result = importlib.import_module(module_name(name)).main(rest)

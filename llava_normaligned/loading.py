@@ -59,6 +59,21 @@ DTYPE_NAMES = {  # accepted name -> torch dtype name
     "float": "float32",
 }
 
+# The help texts of the loading options, said alike by every command's flags and train's fields.
+TRUST_REMOTE_CODE_HELP = (
+    "run the checkpoint's own Python code (a model whose classes are not installed; not needed for this package's "
+    "models); review it first and pin --revision to a commit hash (default: neither flag, transformers' own "
+    "resolution: installed classes, no checkpoint code)")
+NO_TRUST_REMOTE_CODE_HELP = "refuse checkpoint code without asking"
+
+
+def dtype_help(default: str | None = None) -> str:
+    """The help of every ``--dtype`` that loads a model; ``default``: a command's own default, stated (``train``'s)."""
+    stated = "auto (default: as the checkpoint stores them)" if default is None else \
+        f"auto (as the checkpoint stores them), default: {default},"
+    return f"dtype of the unquantized weights: {stated} or one of {', '.join(sorted(DTYPE_NAMES))}"
+
+
 
 # ------------------------------------------------------------------------------------------- device and dtype
 
@@ -191,7 +206,7 @@ def require_bitsandbytes():
         `ImportError`: If bitsandbytes is not installed, or fails to import (e.g. a binary built for another CUDA); the
         message says how to install it.
     """
-    from .console import quiet_known_notices
+    from llava_normaligned.notices import quiet_known_notices
 
     quiet_known_notices()  # its optional-kernel notice at import (see there)
     try:
@@ -1057,7 +1072,7 @@ class LoadOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, source: str | None = None, **overrides) -> LoadOptions:
-        """Builds the options from the flags of `flags.add_load_flags`.
+        """Builds the options from the flags of `commands/shared/flags.add_load_flags`.
 
         A flag the command does not have keeps its default.
 
@@ -1074,9 +1089,9 @@ class LoadOptions:
             `LoadOptions`: The options.
 
         Raises:
-            `console.BadInput`: For a bad value, naming the flag (`--dtype: ...`).
+            `checks.BadInput`: For a bad value, naming the flag (`--dtype: ...`).
         """
-        from .console import BadInput
+        from llava_normaligned.checks import BadInput
 
         given = {name: getattr(args, name) for name in ("revision", "quantization", "device", "dtype",
                                                           "trust_remote_code", "attn_implementation")
@@ -1112,14 +1127,17 @@ __all__ = [
     "DTYPE_DEFAULT",
     "DTYPE_NAMES",
     "KEEP_UNQUANTIZED",
+    "NO_TRUST_REMOTE_CODE_HELP",
     "QUANTIZATION_MODES",
     "QUANTIZED_ROOT",
     "TRUST_REMOTE_CODE_DEFAULT",
+    "TRUST_REMOTE_CODE_HELP",
     "LoadOptions",
     "QuantizationReport",
     "SourceNotFound",
     "check_source",
     "compute_dtype_for",
+    "dtype_help",
     "hub_unreachable",
     "load_config",
     "load_model",

@@ -111,7 +111,7 @@ class NormVariant:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> NormVariant:
-        """Reads the options of a parser that `flags.add_norm_flags` built (`compose`, `convert`, `align`).
+        """Reads the options of a parser that `commands/shared/flags.add_norm_flags` built (`compose`, `convert`, `align`).
 
         Args:
             args (`argparse.Namespace`):
@@ -204,7 +204,26 @@ class NormVariant:
         return f"projector_norm={self.projector_norm} norm_init={self.norm_init} GWC={gwc}"
 
 
-DEFAULT = NormVariant()  # the paper's method; the flags' defaults (llava_normaligned.flags.add_norm_flags)
+DEFAULT = NormVariant()  # the paper's method; the flags' defaults (commands/shared/flags.add_norm_flags)
+
+# What each option does, as every command's --help and train's fields say it.
+NORM_OPTION_HELP = {
+    "projector_norm": "'layernorm', or 'none' for exactly stock LLaVA (paper: w/o Norm)",
+    "norm_init": "'target': gain T/sqrt(D) (paper §5.1); 'default': gain 1 (paper Table 5)",
+    "gradient_compensation": "Global Weight Compensation (GWC, paper §5.1)",
+    "gradient_compensation_min": "the GWC clamp: gradients are scaled by 1 / clamp(mean |gain|, this)",
+}
+NORM_CHOICES = {"projector_norm": ["layernorm", NO_NORM], "norm_init": list(NORM_INITS)}
 
 
-__all__ = ["DEFAULT", "NORM_FIELDS", "NormVariant"]
+def variant_field(key: str):
+    """``train``'s field for option ``key``: unset (None) unless given, and then applied before stage 1
+    (``StageArguments.variant``)."""
+    metadata = {"help": f"stage 1 variant: {NORM_OPTION_HELP[key]}"
+                + (" on/off" if key == "gradient_compensation" else "") + "; default: as the model is"}
+    if key in NORM_CHOICES:
+        metadata["choices"] = NORM_CHOICES[key]
+    return dataclasses.field(default=None, metadata=metadata)
+
+
+__all__ = ["DEFAULT", "NORM_CHOICES", "NORM_FIELDS", "NORM_OPTION_HELP", "NormVariant", "variant_field"]

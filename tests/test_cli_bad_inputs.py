@@ -21,8 +21,10 @@ import warnings
 
 import pytest
 
+from llava_normaligned.checks import BadInput
 from llava_normaligned.cli import main
-from llava_normaligned.console import BadInput, keep_notices_of, quiet_known_notices, removed_unless_kept
+from llava_normaligned.commands.shared import removed_unless_kept
+from llava_normaligned.notices import keep_notices_of, quiet_known_notices
 from tests.support import eval_fixtures
 from tests.support.processes import send_or_skip, spawn_console, wait_after_signal
 from tests.support.training import write_llava_dataset

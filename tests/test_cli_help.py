@@ -33,7 +33,7 @@ def test_help_is_built_once_then_read_without_importing_trl(tmp_path, command):
 
 
 def test_the_key_follows_the_sources_and_versions(monkeypatch):
-    from llava_normaligned.console import help_cache
+    from llava_normaligned.commands.shared import help_cache
 
     key = help_cache.help_key("train")
     assert key == help_cache.help_key("train") and key != help_cache.help_key("eval")

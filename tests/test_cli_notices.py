@@ -160,13 +160,13 @@ def test_the_demo_s_spawned_workers_install_the_filters(library, notice):
 def test_deepspeed_s_notice_is_kept_for_a_run_that_trains_with_deepspeed():
     probe = """
         import sys
-        from llava_normaligned.console import quiet_known_notices
+        from llava_normaligned.notices import quiet_known_notices
         quiet_known_notices({argv!r})
         import deepspeed
     """
     assert DEEPSPEED_NOTICE not in _python(probe.format(argv=["--stage", "2"])).stdout
     assert DEEPSPEED_NOTICE in _python(probe.format(argv=["--stage", "2", "--deepspeed", "zero2.json"])).stdout
     # a recipe that sets deepspeed: said by the one reader of --config files (train's read_train_args)
-    from_recipe = probe.replace("import deepspeed", "from llava_normaligned.console import keep_notices_of\n"
+    from_recipe = probe.replace("import deepspeed", "from llava_normaligned.notices import keep_notices_of\n"
                                 "        keep_notices_of(('deepspeed', 'learning_rate'))\n        import deepspeed")
     assert DEEPSPEED_NOTICE in _python(from_recipe.format(argv=["--stage", "2", "--config", "recipe.yaml"])).stdout

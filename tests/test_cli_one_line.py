@@ -1,7 +1,7 @@
 """Bad input is one line whoever reports it: argparse's own errors (an unknown flag, a value that is not a number, a
 missing argument) as this package's checks, and what other libraries print while a command's modules are imported
 (an import-time notice of a new release) never comes before that line. With good input their output is kept and shown,
-in order, once the command has accepted its arguments (``console.hold_library_output``)."""
+in order, once the command has accepted its arguments (``commands.shared.hold_library_output``)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def _flag_and_prefix(parser) -> tuple[str, str, list[str]]:
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_a_prefix_of_a_flag_is_not_that_flag(name, capsys, monkeypatch, tmp_path):
     """A typo that is a prefix of a flag (``--max_step 2`` for ``--max_steps``) is an unknown flag, one line and exit
-    code 2, never the flag (argparse's abbreviations are off in every command's parser: ``console.parsers``)."""
+    code 2, never the flag (argparse's abbreviations are off in every command's parser: ``commands.shared.parsers``)."""
     monkeypatch.chdir(tmp_path)  # were the prefix taken, a command would write its output folder here
     parser = _command_parser(name)
     flag, prefix, value = _flag_and_prefix(parser)
@@ -120,7 +120,7 @@ def test_a_prefix_of_a_flag_is_not_that_flag(name, capsys, monkeypatch, tmp_path
 def test_train_takes_max_steps_whole_in_both_spellings_and_refuses_a_prefix(capsys, monkeypatch, tmp_path):
     """``--max_steps`` and ``--max-steps`` (TRL's parser registers both spellings of every field) are read; a prefix
     of either, with its value apart or after ``=``, is refused."""
-    from llava_normaligned.trainer.arguments import read_train_args
+    from llava_normaligned.commands.train import read_train_args
 
     monkeypatch.chdir(tmp_path)
 
@@ -191,12 +191,12 @@ def test_a_handler_made_while_held_writes_to_the_real_stderr_afterwards(tmp_path
     the held buffer once the command accepted its arguments."""
     code = """
 import logging, sys
-from llava_normaligned import console
-console.hold_library_output()
+from llava_normaligned.commands import shared
+shared.hold_library_output()
 handler = logging.StreamHandler()  # takes sys.stderr as it is now, as transformers' handler does
 log = logging.getLogger("made.while.held"); log.addHandler(handler); log.propagate = False
 log.warning("held line")
-console.arguments_accepted()
+shared.arguments_accepted()
 log.warning("after line")
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,

@@ -171,7 +171,7 @@ def test_the_readme_and_docs_quote_the_committed_run():
     committed = json.loads((root / "benchmarks" / "results" / "demo_results.json").read_text())
     section = report.measured_section(committed)
     for path in ("README.md", "docs/demo.md"):
-        assert section.strip() in (root / path).read_text(), f"{path}: regenerate with python -m llava_normaligned.demo.report"
+        assert section.strip() in (root / path).read_text(), f"{path}: regenerate with python .ci/demo_report.py"
     asset = report.read_gwc_asset()
     assert asset["finding"] == json.loads(json.dumps(report.gwc_finding(committed["rows"], committed["contrasts"])))
 

@@ -2,9 +2,10 @@
 run on the checkout as it is (``llava_normaligned/trainer`` and ``llava_normaligned/hub_cards`` are links to the
 top-level folders, so the checkout reads as installed):
 
-- cli > demo > chat > the applications (none imports another) > the core > families > compat;
-- inside the core, the order the code has: tiny > compose, align > loading > console > atomic_files, public names, timings,
-  compat and the other leaves;
+- cli > commands (with what they share: ``commands/shared``) > demo > chat > the applications (none imports another) >
+  the core > families > compat: the library imports nothing of the commands;
+- inside the core, the order the code has: tiny > compose, align > loading > checks, notices, atomic_files, public
+  names, timings and the other leaves;
 - the model's Hub files import only torch, transformers, safetensors and the standard library (an allow-list:
   ``tests/support/import_contracts.py``), and nothing of the package;
 - the model, family knowledge and the core import no training, serving or evaluation stack (compat aside).
@@ -78,15 +79,18 @@ def test_the_copy_is_what_python_imports(tree):
         ("llava_normaligned/loading.py", "from llava_normaligned.diagnostics import runner", "layers"),  # core -> app
         ("llava_normaligned/hub_cards/card.py", "from llava_normaligned.demo import stats", "layers"),  # app -> demo
         ("llava_normaligned/trainer/sampling.py", "from llava_normaligned.evaluation import scoring", "layers"),  # app -> app
-        ("llava_normaligned/families/anatomy.py", "from llava_normaligned import console", "layers"),  # families -> core
-        ("llava_normaligned/console/errors.py", "from llava_normaligned import cli", "layers"),  # library -> the console entry
+        ("llava_normaligned/families/anatomy.py", "from llava_normaligned import checks", "layers"),  # families -> core
+        ("llava_normaligned/commands/shared/errors.py", "from llava_normaligned import cli", "layers"),  # commands -> cli
+        ("llava_normaligned/loading.py", "from llava_normaligned.commands.shared import fail", "layers"),  # core -> commands
+        ("llava_normaligned/diagnostics/runner.py", "from llava_normaligned.commands.shared.flags import add_load_flags",
+         "layers"),  # an application -> what the commands share
         ("llava_normaligned/trainer/train.py", "from llava_normaligned.commands import train", "layers"),  # library -> a command
         ("llava_normaligned/demo/run.py", "from llava_normaligned.commands import demo", "layers"),  # the demo -> its command
         ("modeling_llava_normaligned/configuration_llava_normaligned.py", "import llava_normaligned", "model"),
         ("modeling_llava_normaligned/modeling_llava_normaligned.py", "import scipy", "model_allow_list"),
         ("modeling_llava_normaligned/configuration_normaligned_vlm.py", "import huggingface_hub", "model_allow_list"),
-        ("llava_normaligned/atomic_files.py", "from llava_normaligned import loading", "core_order"),  # atomic_files -> loading -> console -> atomic_files
-        ("llava_normaligned/console/checks.py", "from llava_normaligned import compose", "core_order"),
+        ("llava_normaligned/atomic_files.py", "from llava_normaligned import loading", "core_order"),  # atomic_files -> loading -> atomic_files
+        ("llava_normaligned/checks.py", "from llava_normaligned import compose", "core_order"),
         ("llava_normaligned/families/anatomy.py", "import trl", "stacks"),
         ("llava_normaligned/loading.py", "import datasets", "stacks"),
         ("llava_normaligned/generation.py", "import gradio", "stacks"),

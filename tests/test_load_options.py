@@ -13,8 +13,8 @@ import os
 
 import pytest
 
+from llava_normaligned.checks import BadInput
 from llava_normaligned.commands import COMMANDS, module_name
-from llava_normaligned.console import BadInput
 from llava_normaligned.loading import (
     DTYPE_DEFAULT,
     DTYPE_NAMES,
@@ -84,7 +84,7 @@ def test_the_flags_are_one_definition_with_one_help_text():
 
 
 def test_train_reads_the_same_spellings_with_the_same_meaning():
-    from llava_normaligned.trainer.arguments import make_parser
+    from llava_normaligned.commands.train import make_parser
 
     parser = make_parser()
     base = ["--stage", "1", "--model", "m", "--data-path", "d.json", "--output-dir", "out"]
@@ -148,7 +148,8 @@ def _snapshot(config) -> tuple:
 
 def test_train_configuration_is_built_once_and_only_read(tiny_model_dir, tiny_processor, tmp_path, monkeypatch,
                                                          caplog):
-    from llava_normaligned.trainer.arguments import build_train_config, read_train_args, setup_environment
+    from llava_normaligned.commands.train import read_train_args
+    from llava_normaligned.trainer.arguments import build_train_config, setup_environment
     from llava_normaligned.trainer.data import load_llava_json
     from llava_normaligned.trainer.train import prepare_stage
 

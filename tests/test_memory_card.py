@@ -16,7 +16,7 @@ from llava_normaligned.diagnostics.memory import (
     reference_config,
     training_estimate,
 )
-from llava_normaligned.trainer.arguments import parse_train_args
+from llava_normaligned.commands.train import parse_train_args
 
 PAPER = "SigLIP-so400m-384 + Llama-3.2-3B (paper)"
 RECIPES = os.path.join(os.path.dirname(__file__), os.pardir, "trainer", "recipes")

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from llava_normaligned.flags import add_norm_flags
+from llava_normaligned.commands.shared.flags import add_norm_flags
 from llava_normaligned.norm_variant import NORM_FIELDS, NormVariant
 from modeling_llava_normaligned import LlavaNormAlignedConfig
 from modeling_llava_normaligned.configuration_llava_normaligned import NORM_INITS, PROJECTOR_NORMS
@@ -127,7 +127,8 @@ def test_compose_and_convert_flags_parse_into_a_variant():
 def test_compose_convert_and_train_offer_the_same_options():
     from llava_normaligned.commands.compose import make_parser as make_compose_parser
     from llava_normaligned.commands.convert import make_parser as make_convert_parser
-    from llava_normaligned.trainer.arguments import StageArguments, make_parser
+    from llava_normaligned.commands.train import make_parser
+    from llava_normaligned.trainer.arguments import StageArguments
 
     for parser in (make_compose_parser(), make_convert_parser(), make_parser()):
         dests = {action.dest for action in parser._actions}  # argparse's list of a parser's actions

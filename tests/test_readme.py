@@ -48,7 +48,7 @@ def test_readme_cli_calls_name_real_commands_and_flags(call):
     name, args = call[0], call[1:]
     assert name in COMMANDS, f"README shows an unknown command: {name}"
     if name == "train":  # YAML recipes + SFTConfig flags: parse them with the command's own parser
-        from llava_normaligned.trainer.arguments import parse_train_args
+        from llava_normaligned.commands.train import parse_train_args
 
         parse_train_args(args)
         return

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from llava_normaligned.trainer.arguments import accumulation_steps, parse_train_args, recipe_names
-from llava_normaligned.commands.train import main
+from llava_normaligned.commands.train import main, parse_train_args
+from llava_normaligned.trainer.arguments import accumulation_steps, recipe_names
 from llava_normaligned.trainer.train import SUMMARY_FILE
 from tests.support.processes import console_script
 from tests.support.training import write_llava_dataset

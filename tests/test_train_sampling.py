@@ -112,7 +112,7 @@ def test_each_rank_gets_its_share_of_every_step_as_accelerate_deals_it(world, ac
 
 
 def test_the_strategies_read_the_prepared_lengths(tiny_model_dir, tiny_processor, tmp_path):
-    from llava_normaligned.trainer.arguments import parse_train_args
+    from llava_normaligned.commands.train import parse_train_args
     from llava_normaligned.trainer.data import load_llava_json
     from llava_normaligned.trainer.preprocess import prepare_dataset
 

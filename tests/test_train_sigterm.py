@@ -27,7 +27,7 @@ import time
 import pytest
 import torch
 
-from llava_normaligned.console import TERMINATED
+from llava_normaligned.commands.shared import TERMINATED
 from tests.support.processes import send_or_skip, spawn_console, wait_after_signal
 from tests.support.training import write_llava_dataset
 

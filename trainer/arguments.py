@@ -1,14 +1,10 @@
-"""Arguments of ``llava-normaligned train``: this package's stage options, TRL's ``SFTConfig`` and ``ModelConfig``.
+"""The settings of a training stage: this package's ``StageConfig`` / ``StageArguments`` beside TRL's ``SFTConfig`` and
+``ModelConfig``, and how a run's ``TrainConfig`` is built from what was asked (a ``TrainRequest``).
 
-One parser (TRL's ``TrlParser``, itself transformers' ``HfArgumentParser``) reads them all, so every ``SFTConfig``
-flag works (``--per_device_train_batch_size 4`` or ``--per-device-train-batch-size 4``), YAML recipes set defaults
-(``--config recipe.yaml``; several ``--config`` files merge in order, later ones win) and command-line flags override
-the YAML. A ``--config`` value may also name a recipe shipped in ``trainer/recipes/`` (``--config
-llama3.2-3b_siglip-so400m_stage1``).
-
-A run's settings are built once, in three steps (``parse_train_args`` is the three): ``read_train_args`` parses,
-``setup_environment`` sets a recipe's ``env:`` keys (the one step that changes the environment, logged),
-``build_train_config`` validates, derives and builds the frozen ``TrainConfig``, read and never written from then on.
+The ``train`` command parses the three dataclasses with TRL's ``TrlParser`` (``commands/train.py``); a run's
+settings are then built once: ``setup_environment`` sets a recipe's ``env:`` keys (the one step that changes the
+environment, logged), ``build_train_config`` validates, derives and builds the frozen ``TrainConfig``, read and never
+written from then on. A ``--config`` value may name a recipe shipped in ``trainer/recipes/`` (``resolve_config``).
 Two values are derived from the machine, each logged, and given to the configs when they are built:
 
 * no GPU: ``use_cpu=True`` and bf16/fp16 off (TRL's default ``bf16=True`` refuses to start on a CPU-only machine), so
@@ -23,13 +19,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 
-from trl import ModelConfig, SFTConfig, TrlParser
+from trl import ModelConfig, SFTConfig
 
-from llava_normaligned.compat import DefaultsHelpFormatter, is_store_false, move_to_group, parser_actions
-from llava_normaligned.console import (
+from llava_normaligned.checks import (
     FRACTION,
     NON_NEGATIVE,
     POSITIVE,
@@ -37,15 +31,13 @@ from llava_normaligned.console import (
     SEED,
     BadInput,
     NumberRule,
-    OneLineUsageErrors,
     check_input_file,
     check_input_folder,
     check_numbers,
     check_output_folder,
 )
-from llava_normaligned.flags import NO_TRUST_REMOTE_CODE_HELP, TRUST_REMOTE_CODE_HELP, dtype_help, variant_field
-from llava_normaligned.loading import DTYPE_NAMES, TRUST_REMOTE_CODE_DEFAULT, LoadOptions
-from llava_normaligned.norm_variant import NormVariant
+from llava_normaligned.loading import LoadOptions
+from llava_normaligned.norm_variant import NormVariant, variant_field
 
 logger = logging.getLogger(__name__)
 
@@ -313,92 +305,6 @@ def check_peft_flags(stage_args: StageArguments, model_args: ModelConfig) -> Non
         raise ValueError("--train-vision False and --lora-vision contradict each other")
 
 
-class HelpFormatter(DefaultsHelpFormatter):
-    """transformers' formatter (``HfArgumentParser`` ends each option's help with "(default: X)"), except where the
-    help already states its default in words ("(default: the LLM's)", "default: as the model is", "(required)"),
-    and for the ``--no_X`` twin of a boolean flag, whose own default is never used (--X's is)."""
-
-    STATED = re.compile(r"\((?:default\b|required\))|\bdefault:")
-
-    def help_states_default(self, action) -> bool:
-        return bool(self.STATED.search(action.help or "")) or _negates(action)
-
-
-def _negates(action) -> bool:
-    return is_store_false(action) and any(o.startswith("--no") for o in action.option_strings)
-
-
-def describe_negations(parser) -> None:
-    """``HfArgumentParser`` gives a boolean flag's ``--no_X`` twin the help of ``--X`` word for word, so --help read
-    as two flags doing the same thing: say what the twin does instead."""
-    for action in parser_actions(parser):
-        if _negates(action):
-            action.help = f"turn --{action.dest} off (the same as --{action.dest} False)"
-
-
-class TrainParser(OneLineUsageErrors, TrlParser):
-    """TRL's parser (every SFTConfig and ModelConfig flag, ``--config`` recipes) with one-line usage errors."""
-
-
-def make_parser() -> TrlParser:
-    parser = TrainParser(
-        DATACLASSES,
-        formatter_class=HelpFormatter,
-        prog="llava-normaligned train",
-        usage="llava-normaligned train --stage {1,2} (--model DIR | --vision-model ID --text-model ID) "
-        "(--data-path JSON --image-folder DIR | --dataset-name ID) --output-dir DIR [--config RECIPE] [options]",
-        description="Train LLaVA-1.5 stage 1 or 2 of a norm-aligned (or stock) LLaVA with TRL's SFTTrainer. Every "
-        "SFTConfig and ModelConfig flag is accepted; --config RECIPE.yaml (repeatable) sets defaults.",
-    )
-    _group_own_flags_first(parser)
-    _add_sampling_strategies(parser)
-    _load_flags_as_everywhere(parser)
-    describe_negations(parser)
-    return parser
-
-
-TRAIN_DTYPE_DEFAULT = "float32"  # TRL's: fp32 master weights; --bf16/--fp16 autocast gives the speed
-
-
-def _load_flags_as_everywhere(parser) -> None:
-    """``--trust_remote_code`` and ``--dtype`` (TRL's fields) with the meaning they have in every command
-    (``llava_normaligned.loading.add_load_flags``): trust unset is transformers' own resolution (None), False refuses
-    (also ``--no-trust-remote-code``), True opts in; ``--dtype`` takes the same names, ``auto`` as stored. Its default
-    stays TRL's float32: the optimizer keeps fp32 master weights, whatever the checkpoint stores."""
-    import argparse
-
-    parser.set_defaults(trust_remote_code=TRUST_REMOTE_CODE_DEFAULT)
-    actions = {action.dest: action for action in parser_actions(parser)}
-    actions["trust_remote_code"].help = TRUST_REMOTE_CODE_HELP
-    dtype = actions["dtype"]
-    dtype.choices = ["auto", *DTYPE_NAMES]
-    dtype.help = dtype_help(f"{TRAIN_DTYPE_DEFAULT} (fp32 master weights; --bf16/--fp16 autocast)")
-    parser.add_argument("--no_trust_remote_code", "--no-trust-remote-code", dest="trust_remote_code",
-                        action="store_const", const=False, default=argparse.SUPPRESS, help=NO_TRUST_REMOTE_CODE_HELP)
-
-
-def _add_sampling_strategies(parser) -> None:
-    """``--train_sampling_strategy`` takes this package's length groupings too (``sampling.GROUPED_STRATEGIES``,
-    ``group_by_length`` included, which transformers also names)."""
-    from .sampling import GROUPED_STRATEGIES
-
-    action = next(a for a in parser_actions(parser) if a.dest == "train_sampling_strategy")
-    action.choices = list(dict.fromkeys([*action.choices, *GROUPED_STRATEGIES]))
-    action.help = ("order of the training rows: 'random' (default), 'sequential', 'group_by_length' (rows of similar "
-                   "length share a batch) or 'group_by_modality_length' (LLaVA-1.5's stage 2: image and text-only rows "
-                   "in separate steps, similar lengths within a batch); the two groupings use the prepared token "
-                   "counts and are exact on resume. Also: transformers' 'batch_rebalance'")
-
-
-def _group_own_flags_first(parser) -> None:
-    """``--help`` lists this package's flags (``StageArguments``) first, in their own group, then TRL's and
-    transformers' (HfArgumentParser puts every dataclass's flags in one "options" group)."""
-    own = {f.name for f in dataclasses.fields(StageArguments)}
-    group = parser.add_argument_group("llava-normaligned: model, data, stage and variant")
-    options = move_to_group(parser, group, own)  # HfArgumentParser's one "options" group, which they came from
-    options.title = "TRL SFTConfig and ModelConfig (transformers TrainingArguments)"
-
-
 def has_accelerator() -> bool:
     import torch
 
@@ -427,42 +333,6 @@ def resolve_config(path: str) -> str:
     if os.path.isfile(shipped):
         return shipped
     raise FileNotFoundError(f"--config: no such file or shipped recipe: {path} (recipes: {', '.join(recipe_names())})")
-
-
-def _read_configs(paths: list[str]) -> tuple[dict, dict[str, str]]:
-    """The recipes' values, merged in order (later files win), and their ``env:`` keys (environment variables the
-    run sets, in ``setup_environment``; as TRL's own ``--config`` reads them)."""
-    import yaml
-
-    merged, environment = {}, {}
-    for path in map(resolve_config, paths):
-        with open(path, encoding="utf-8") as handle:
-            config = yaml.safe_load(handle) or {}
-        if not isinstance(config, dict):
-            raise ValueError(f"--config {path}: expected a YAML mapping of argument names to values")  # noqa: TRY004
-        env = config.pop("env", None) or {}
-        if not isinstance(env, dict):
-            raise ValueError(f"--config {path}: 'env' must be a mapping of environment variable names to values")  # noqa: TRY004
-        environment.update({str(key): str(value) for key, value in env.items()})
-        merged.update(config)
-    return merged, environment
-
-
-def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
-    rest, configs, i = [], [], 0
-    while i < len(argv):
-        if argv[i] == "--config":
-            if i + 1 >= len(argv):
-                raise ValueError("--config needs a file")
-            configs.append(argv[i + 1])
-            i += 2
-        elif argv[i].startswith("--config="):
-            configs.append(argv[i].split("=", 1)[1])
-            i += 1
-        else:
-            rest.append(argv[i])
-            i += 1
-    return rest, configs
 
 
 def hardware_settings(namespace, bf16_asked: bool = False) -> dict:
@@ -549,34 +419,6 @@ class TrainConfig:
                 "config_files": list(self.config_files), "environment": dict(self.environment)}
 
 
-def read_train_args(argv: list[str] | None = None) -> TrainRequest:
-    """Parse: argv (and the ``--config`` recipes it names) -> a ``TrainRequest``. Nothing is checked, derived or
-    set here but what argparse itself refuses."""
-    import sys
-
-    return read_request(list(sys.argv[1:] if argv is None else argv), make_parser(),
-                        "a train, SFTConfig or ModelConfig field")
-
-
-def read_request(argv: list[str], parser, fields: str) -> TrainRequest:
-    """argv and the ``--config`` recipes it names (files, or the names of shipped recipes), parsed by ``parser`` (a
-    ``TrlParser``) -> a ``TrainRequest``: the one reader of ``--config`` files for ``train`` and the commands that
-    mirror TRL's scripts. ``fields``: what a recipe's keys must be, for the error naming one that is not."""
-    argv, config_files = _pop_configs(argv)
-    environment, values = {}, {}
-    if config_files:
-        values, environment = _read_configs(config_files)
-        unused = parser.set_defaults_with_config(**values)
-        if unused:
-            raise BadInput(f"--config: unknown arguments {unused} (not {fields})")
-    namespace, remaining = parser.parse_known_args(argv)
-    if remaining:
-        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
-    return TrainRequest(namespace, tuple(config_files), environment,
-                        bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv),
-                        recipe_keys=tuple(sorted(values)))
-
-
 def setup_environment(environment: dict[str, str], namespace=None) -> None:
     """The one step of ``train`` that changes the process: the recipes' ``env:`` keys into ``os.environ``, each
     logged, then, given the parsed ``namespace`` of a DeepSpeed launch on a machine without GPUs, DeepSpeed's unused
@@ -643,14 +485,6 @@ def build_train_config(request: TrainRequest) -> TrainConfig:
                        request.config_files, dict(request.environment))
 
 
-def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
-    """argv -> the run's ``TrainConfig``: ``read_train_args``, ``setup_environment`` (the recipes' ``env:`` keys),
-    ``build_train_config``; the three steps ``train`` takes, in its order."""
-    request = read_train_args(argv)
-    setup_environment(request.environment)
-    return build_train_config(request)
-
-
 __all__ = [
     "TRAIN_NUMBERS",
     "StageArguments",
@@ -664,10 +498,6 @@ __all__ = [
     "check_train_inputs",
     "earlier_run",
     "has_accelerator",
-    "make_parser",
-    "parse_train_args",
-    "read_request",
-    "read_train_args",
     "recipe_names",
     "resolve_config",
     "setup_environment",

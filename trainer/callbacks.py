@@ -55,9 +55,9 @@ import threading
 import torch
 from transformers import TrainerCallback
 
+from llava_normaligned.atomic_files import write_json_atomic
 from llava_normaligned.compat import put_callback_first
 from llava_normaligned.families.anatomy import anatomy_of, projector_norm_of, projector_of
-from llava_normaligned.atomic_files import write_json_atomic
 from llava_normaligned.part_metrics import (
     clip_coefficient,
     gain_statistics,

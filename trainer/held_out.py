@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainerCallback
 
+from llava_normaligned.atomic_files import write_json_atomic
 from llava_normaligned.compat import put_callback_first
 from llava_normaligned.generation import generate_batch, without_image_tags
-from llava_normaligned.atomic_files import write_json_atomic
 
 from .rewards import normalize_answer
 

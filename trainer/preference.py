@@ -36,7 +36,7 @@ import logging
 import os
 import sys
 
-from llava_normaligned.console import BadInput, check_output_folder
+from llava_normaligned.checks import BadInput, check_output_folder
 from llava_normaligned.loading import check_source, looks_like_path
 
 logger = logging.getLogger(__name__)

@@ -34,10 +34,10 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig, SFTTrainer
 
-from llava_normaligned.compat import TrainerHooks, forget_accelerate_preparation, fused_head_compacted_on_cpu
-from llava_normaligned.console import BadInput
-from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.atomic_files import write_json_atomic
+from llava_normaligned.checks import BadInput
+from llava_normaligned.compat import TrainerHooks, forget_accelerate_preparation, fused_head_compacted_on_cpu
+from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.loading import LoadOptions
 from llava_normaligned.local_paths import hide_local_paths, public_name, public_record
 from llava_normaligned.part_metrics import gain_statistics, part_gradient_norms, part_parameters
@@ -48,7 +48,6 @@ from .arguments import (
     check_chat_template_path,
 )
 from .callbacks import NormTrackingCallback, SigtermCheckpoint, Terminated, norm_records, will_log
-from .held_out import HeldOutAccuracyCallback, load_held_out
 from .collator import SKIPPED_KEY, LlavaTrainingCollator
 from .engines import (
     cpu_training_threads,
@@ -58,6 +57,7 @@ from .engines import (
     remove_wrapper_sources,
     take_fsdp_on_cpu,
 )
+from .held_out import HeldOutAccuracyCallback, load_held_out
 from .padding_free import check_padding_free, multimodal_positions, packed_attention
 from .preprocess import prepare_dataset
 from .sampling import grouped_order_for

@@ -10,18 +10,12 @@ import argparse
 import os
 
 from llava_normaligned.align import align, processor_source, save_aligned, supported
-from llava_normaligned.console import (
-    POSITIVE,
-    BadInput,
-    CommandParser,
-    arguments_accepted,
-    check_number,
-    check_output_folder,
-    fail,
-)
-from llava_normaligned.flags import add_norm_flags, add_trust_remote_code_flags, dtype_argument
+from llava_normaligned.checks import POSITIVE, BadInput, check_number, check_output_folder
 from llava_normaligned.loading import looks_like_path
 from llava_normaligned.norm_variant import NormVariant
+
+from .shared import CommandParser, arguments_accepted, fail
+from .shared.flags import add_norm_flags, add_trust_remote_code_flags, dtype_argument
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from llava_normaligned.console import CommandParser, arguments_accepted, fail
+from llava_normaligned.atomic_files import write_text_atomic
 from llava_normaligned.hub_cards.card import (
     BASE_MODEL_RELATIONS,
     CardOptions,
@@ -19,7 +19,8 @@ from llava_normaligned.hub_cards.card import (
     validate_on_hub,
 )
 from llava_normaligned.hub_cards.selfcheck import TOKEN_PATTERN, SelfCheckError, check_checkpoint_folder
-from llava_normaligned.atomic_files import write_text_atomic
+
+from .shared import CommandParser, arguments_accepted, fail
 
 
 def add_card_options(parser: argparse.ArgumentParser) -> None:

@@ -2,7 +2,7 @@
 
     llava-normaligned chat ./llava-na-3b [--compare ./llava-stock] [--port 7860]
 
-Loading is ``llava_normaligned.loading``'s (the flags of ``flags.add_load_flags``, read into a ``LoadOptions`` per
+Loading is ``llava_normaligned.loading``'s (the flags of ``shared.flags.add_load_flags``, read into a ``LoadOptions`` per
 model); the page is ``chat.page``'s. Every argument is checked and every model loaded before the page is served: a
 model that cannot be loaded, or a port that is taken, is one line and exit code 2. Gradio is imported only then.
 Ctrl-C, as the served page says, stops the server: ``llava-normaligned chat: stopped``, exit code 0 (``serve``).
@@ -16,18 +16,11 @@ import socket
 import sys
 import time
 
-from llava_normaligned.console import (
-    POSITIVE_COUNT,
-    TERMINATED,
-    BadInput,
-    CommandParser,
-    NumberRule,
-    arguments_accepted,
-    check_numbers,
-    fail,
-)
-from llava_normaligned.flags import add_load_flags
+from llava_normaligned.checks import POSITIVE_COUNT, BadInput, NumberRule, check_numbers
 from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
+
+from .shared import TERMINATED, CommandParser, arguments_accepted, fail
+from .shared.flags import add_load_flags
 
 DEFAULT_PORT = 7860
 DTYPE_ON_CPU = "float32"
@@ -93,9 +86,8 @@ def _options(args) -> list[LoadOptions]:
 def load_chat_model(options: LoadOptions):
     """``page.ChatModel`` of one model: loaded, and its probe points found (a model whose parts this package cannot
     find is refused here, not at the first question)."""
-    from llava_normaligned.families.probe_points import locate
-
     from llava_normaligned.chat.page import ChatModel
+    from llava_normaligned.families.probe_points import locate
 
     model, processor = options.load()
     return ChatModel(options.source, processor, locate(model, options.source))

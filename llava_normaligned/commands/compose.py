@@ -9,23 +9,17 @@ from __future__ import annotations
 
 import argparse
 
+from llava_normaligned.checks import POSITIVE, check_number, check_output_folder
 from llava_normaligned.compose import compose, save
-from llava_normaligned.console import (
-    POSITIVE,
-    CommandParser,
-    arguments_accepted,
-    check_number,
-    check_output_folder,
-    fail,
-    removed_unless_kept,
-)
 from llava_normaligned.families.anatomy import anatomy_of
-from llava_normaligned.flags import add_norm_flags, add_trust_remote_code_flags, dtype_argument
 from llava_normaligned.norm_variant import NormVariant
+
+from .shared import CommandParser, arguments_accepted, fail, removed_unless_kept
+from .shared.flags import add_norm_flags, add_trust_remote_code_flags, dtype_argument
 
 
 def add_build_options(parser: argparse.ArgumentParser) -> None:
-    """compose / convert: the projector norm's flags (``flags.add_norm_flags``), --dtype and --output-dir."""
+    """compose / convert: the projector norm's flags (``shared.flags.add_norm_flags``), --dtype and --output-dir."""
     add_norm_flags(parser)
     parser.add_argument(
         "--dtype", type=dtype_argument, default=None,
@@ -60,7 +54,7 @@ def check_build_arguments(args) -> None:
 
 
 def save_new(model, processor, output_dir: str) -> None:
-    """``save``, leaving no half-written folder when it fails or is stopped (``console.removed_unless_kept``)."""
+    """``save``, leaving no half-written folder when it fails or is stopped (``shared.removed_unless_kept``)."""
     with removed_unless_kept(output_dir):
         save(model, processor, output_dir)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 
 from llava_normaligned.compose import convert_from_llava
-from llava_normaligned.console import CommandParser, arguments_accepted, fail
 from llava_normaligned.norm_variant import NormVariant
 
 from .compose import add_build_options, check_build_arguments, report_built, save_new
+from .shared import CommandParser, arguments_accepted, fail
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -15,17 +15,7 @@ import os
 
 import torch
 
-from llava_normaligned.console import (
-    NON_NEGATIVE,
-    POSITIVE_COUNT,
-    SEED,
-    CommandParser,
-    arguments_accepted,
-    check_numbers,
-    fail,
-    option_flag,
-    progress_bars_on_terminals_only,
-)
+from llava_normaligned.checks import NON_NEGATIVE, POSITIVE_COUNT, SEED, check_numbers, option_flag
 from llava_normaligned.demo.parts import VARIANTS
 from llava_normaligned.demo.real_llm import (
     INSTALL,
@@ -48,6 +38,8 @@ from llava_normaligned.demo.run import (
 )
 from llava_normaligned.demo.synthetic import TEMPLATES
 from llava_normaligned.timings import stated
+
+from .shared import CommandParser, arguments_accepted, fail, progress_bars_on_terminals_only
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -193,7 +185,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     return config
 
 
-# the demo's numeric options, checked with the rules every command uses (llava_normaligned.console.checks)
+# the demo's numeric options, checked with the rules every command uses (llava_normaligned.checks)
 DEMO_NUMBERS = {"seed": SEED, "stage1_steps": POSITIVE_COUNT, "stage2_steps": POSITIVE_COUNT,
                 "batch_size": POSITIVE_COUNT, "threads": NON_NEGATIVE, "num_seeds": POSITIVE_COUNT,
                 "llm_layers": POSITIVE_COUNT, "workers": POSITIVE_COUNT, "norm_gap": NON_NEGATIVE,

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from llava_normaligned.console import (
-    BadInput,
-    CommandParser,
-    arguments_accepted,
-    check_numbers,
-    check_output_folder,
-    fail,
-)
-from llava_normaligned.flags import add_load_flags
+from llava_normaligned.checks import BadInput, check_numbers, check_output_folder
+from llava_normaligned.diagnostics.config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
 from llava_normaligned.loading import LoadOptions
 
-from llava_normaligned.diagnostics.config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
+from .shared import CommandParser, arguments_accepted, fail
+from .shared.flags import add_load_flags
 
 
 def _alphas(text: str) -> tuple[float, ...]:
@@ -65,9 +59,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _compare_embeddings(args, options: LoadOptions) -> int:
-    from llava_normaligned.loading import check_source
-
     from llava_normaligned.diagnostics.embeddings import compare_embeddings, render, write
+    from llava_normaligned.loading import check_source
 
     check_source(options.source, "model", revision=options.revision)  # both before either table is read
     check_source(args.compare_embeddings, "--compare-embeddings", revision=args.base_revision)
@@ -85,9 +78,8 @@ def _compare_embeddings(args, options: LoadOptions) -> int:
 
 
 def _estimate_memory(args, options: LoadOptions) -> int:
-    from llava_normaligned.loading import load_config
-
     from llava_normaligned.diagnostics.memory import estimate
+    from llava_normaligned.loading import load_config
 
     try:
         config = load_config(options.source, revision=options.revision, trust_remote_code=options.trust_remote_code)

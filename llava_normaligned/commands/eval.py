@@ -20,25 +20,23 @@ import logging
 import os
 import sys
 
-from llava_normaligned.console import (
+from llava_normaligned.checks import (
     POSITIVE_COUNT,
     BadInput,
-    CommandParser,
     NumberRule,
-    arguments_accepted,
     check_input_file,
     check_input_folder,
     check_numbers,
     check_output_folder,
-    fail,
 )
-from llava_normaligned.flags import add_load_flags
-from llava_normaligned.loading import LoadOptions
-
 from llava_normaligned.evaluation.data import EvalDataError
 from llava_normaligned.evaluation.report import BaselineError, load_baseline, table_markdown
 from llava_normaligned.evaluation.runner import SAMPLES_FILE, EvalConfig, EvalSetupError, evaluate
 from llava_normaligned.evaluation.tasks import TASKS, UnknownTaskError
+from llava_normaligned.loading import LoadOptions
+
+from .shared import CommandParser, arguments_accepted, fail
+from .shared.flags import add_load_flags
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -15,19 +15,18 @@ import os
 import sys
 from dataclasses import dataclass
 
-from llava_normaligned.console import (
+from llava_normaligned.checks import (
     NON_NEGATIVE,
     POSITIVE_COUNT,
     BadInput,
-    CommandParser,
-    arguments_accepted,
     check_input_file,
     check_numbers,
     check_output_file,
-    fail,
 )
-from llava_normaligned.flags import add_load_flags
 from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
+
+from .shared import CommandParser, arguments_accepted, fail
+from .shared.flags import add_load_flags
 
 logger = logging.getLogger(__name__)
 

@@ -9,14 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from llava_normaligned.console import (
-    CommandParser,
-    arguments_accepted,
-    check_output_folder,
-    fail,
-    progress_bars_on_terminals_only,
-)
+from llava_normaligned.checks import check_output_folder
 from llava_normaligned.demo.synthetic import SyntheticSpec, make_dataset
+
+from .shared import CommandParser, arguments_accepted, fail, progress_bars_on_terminals_only
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -50,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             jitter=args.jitter,
         )
-    except ValueError as error:  # console.BadInput, or a field of the spec out of range
+    except ValueError as error:  # checks.BadInput, or a field of the spec out of range
         return fail("make-data", error)
     arguments_accepted()
     paths = make_dataset(args.output_dir, spec, progress=not args.no_progress and progress_bars_on_terminals_only())

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llava_normaligned.console import CommandParser, arguments_accepted, fail
 from llava_normaligned.hub_cards.card import package_version
 from llava_normaligned.hub_cards.push import PullError, pull
 from llava_normaligned.hub_cards.selfcheck import known_tokens, scrub
 from llava_normaligned.loading import hub_offline
+
+from .shared import CommandParser, arguments_accepted, fail
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,6 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from llava_normaligned.console import CommandParser, arguments_accepted, fail
 from llava_normaligned.hub_cards.card import check_card, render_card
 from llava_normaligned.hub_cards.push import PushError, push
 from llava_normaligned.hub_cards.selfcheck import (
@@ -26,6 +25,7 @@ from llava_normaligned.hub_cards.selfcheck import (
 )
 
 from .card import add_card_options, card_options
+from .shared import CommandParser, arguments_accepted, fail
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -6,16 +6,11 @@
 
 from __future__ import annotations
 
-from llava_normaligned.console import (
-    CommandParser,
-    arguments_accepted,
-    check_input_file,
-    check_input_folder,
-    check_output_folder,
-    fail,
-)
+from llava_normaligned.checks import check_input_file, check_input_folder, check_output_folder
 from llava_normaligned.trainer.data import BAD_IMAGE_POLICIES, BAD_ROW_POLICIES, DataError, split_paths
 from llava_normaligned.trainer.rl_data import FORMATS, rl_rows, save_rows
+
+from .shared import CommandParser, arguments_accepted, fail
 
 
 def make_parser():
@@ -49,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.image_folder is not None:
             check_input_folder("--image-folder", args.image_folder)
         check_output_folder("--output-dir", args.output_dir, empty=True)
-    except ValueError as err:  # console.BadInput
+    except ValueError as err:  # checks.BadInput
         return fail("rl-data", err)
     arguments_accepted()
     try:

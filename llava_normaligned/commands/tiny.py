@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import os
 
-from llava_normaligned.console import (
-    SEED,
-    BadInput,
-    CommandParser,
-    arguments_accepted,
-    check_number,
-    check_output_folder,
-    fail,
-    quiet_known_notices,
-)
+from llava_normaligned.checks import SEED, BadInput, check_number, check_output_folder
+from llava_normaligned.notices import quiet_known_notices
 from llava_normaligned.tiny import TINY_VLM_FAMILIES, TRAINS_WITHOUT_TORCHVISION, tiny_vlm
+
+from .shared import CommandParser, arguments_accepted, fail
 
 
 def make_parser() -> CommandParser:

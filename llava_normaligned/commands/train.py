@@ -3,40 +3,126 @@
     llava-normaligned train --stage 1 --model ./llava-na-3b --data-path blip_laion_cc_sbu_558k.json \\
         --image-folder ./images --output-dir ./stage1 [--config recipe.yaml] [any SFTConfig flag]
 
-The flags are ``trainer.arguments``' (TRL's ``SFTConfig`` and ``ModelConfig`` with this package's
-``StageArguments``), read once into a ``TrainConfig``; ``prepare_run`` then ``run_stage`` do the run.
+The flags are the fields of three dataclasses: this package's ``trainer.arguments.StageArguments``, TRL's
+``SFTConfig`` and ``ModelConfig``, parsed by TRL's ``TrlParser`` (``make_parser``), so every ``SFTConfig`` flag and
+``--config`` recipe works as in ``trl sft``. They are read once into a ``TrainConfig`` (``parse_train_args``: parse,
+set the recipes' environment, validate and derive); ``prepare_run`` then ``run_stage`` do the run.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import logging
 import os
 import sys
 
-from llava_normaligned.console import (
-    INTERRUPTED,
-    TERMINATED,
-    arguments_accepted,
-    fail,
-    keep_notices_of,
-    removed_unless_kept,
+from trl import TrlParser
+
+from llava_normaligned.compat import move_to_group, parser_actions
+from llava_normaligned.loading import (
+    DTYPE_NAMES,
+    NO_TRUST_REMOTE_CODE_HELP,
+    TRUST_REMOTE_CODE_DEFAULT,
+    TRUST_REMOTE_CODE_HELP,
+    dtype_help,
 )
+from llava_normaligned.notices import keep_notices_of
 from llava_normaligned.trainer.arguments import (
+    DATACLASSES,
+    StageArguments,
+    TrainConfig,
+    TrainRequest,
     build_train_config,
     check_train_inputs,
     earlier_run,
-    make_parser,
-    read_train_args,
     setup_environment,
 )
 from llava_normaligned.trainer.callbacks import SigtermCheckpoint, Terminated
 from llava_normaligned.trainer.data import DataError
 from llava_normaligned.trainer.masking import TemplateError
+from llava_normaligned.trainer.sampling import GROUPED_STRATEGIES
 from llava_normaligned.trainer.train import merge_if_asked, prepare_run, refuse_jit_checkpoint, run_stage
 
+from .shared import INTERRUPTED, TERMINATED, OneLineUsageErrors, arguments_accepted, fail, removed_unless_kept
+from .shared.trl_parsers import HelpFormatter, describe_negations, read_request
 from .stops import DiskFull, disk_full_message, stopped_message
 
 logger = logging.getLogger(__name__)
+
+
+class TrainParser(OneLineUsageErrors, TrlParser):
+    """TRL's parser (every SFTConfig and ModelConfig flag, ``--config`` recipes) with one-line usage errors."""
+
+
+def make_parser() -> TrlParser:
+    parser = TrainParser(
+        DATACLASSES,
+        formatter_class=HelpFormatter,
+        prog="llava-normaligned train",
+        usage="llava-normaligned train --stage {1,2} (--model DIR | --vision-model ID --text-model ID) "
+        "(--data-path JSON --image-folder DIR | --dataset-name ID) --output-dir DIR [--config RECIPE] [options]",
+        description="Train LLaVA-1.5 stage 1 or 2 of a norm-aligned (or stock) LLaVA with TRL's SFTTrainer. Every "
+        "SFTConfig and ModelConfig flag is accepted; --config RECIPE.yaml (repeatable) sets defaults.",
+    )
+    _group_own_flags_first(parser)
+    _add_sampling_strategies(parser)
+    _load_flags_as_everywhere(parser)
+    describe_negations(parser)
+    return parser
+
+
+TRAIN_DTYPE_DEFAULT = "float32"  # TRL's: fp32 master weights; --bf16/--fp16 autocast gives the speed
+
+
+def _load_flags_as_everywhere(parser) -> None:
+    """``--trust_remote_code`` and ``--dtype`` (TRL's fields) with the meaning they have in every command
+    (``shared.flags.add_load_flags``): trust unset is transformers' own resolution (None), False refuses
+    (also ``--no-trust-remote-code``), True opts in; ``--dtype`` takes the same names, ``auto`` as stored. Its default
+    stays TRL's float32: the optimizer keeps fp32 master weights, whatever the checkpoint stores."""
+    parser.set_defaults(trust_remote_code=TRUST_REMOTE_CODE_DEFAULT)
+    actions = {action.dest: action for action in parser_actions(parser)}
+    actions["trust_remote_code"].help = TRUST_REMOTE_CODE_HELP
+    dtype = actions["dtype"]
+    dtype.choices = ["auto", *DTYPE_NAMES]
+    dtype.help = dtype_help(f"{TRAIN_DTYPE_DEFAULT} (fp32 master weights; --bf16/--fp16 autocast)")
+    parser.add_argument("--no_trust_remote_code", "--no-trust-remote-code", dest="trust_remote_code",
+                        action="store_const", const=False, default=argparse.SUPPRESS, help=NO_TRUST_REMOTE_CODE_HELP)
+
+
+def _add_sampling_strategies(parser) -> None:
+    """``--train_sampling_strategy`` takes this package's length groupings too (``sampling.GROUPED_STRATEGIES``,
+    ``group_by_length`` included, which transformers also names)."""
+    action = next(a for a in parser_actions(parser) if a.dest == "train_sampling_strategy")
+    action.choices = list(dict.fromkeys([*action.choices, *GROUPED_STRATEGIES]))
+    action.help = ("order of the training rows: 'random' (default), 'sequential', 'group_by_length' (rows of similar "
+                   "length share a batch) or 'group_by_modality_length' (LLaVA-1.5's stage 2: image and text-only rows "
+                   "in separate steps, similar lengths within a batch); the two groupings use the prepared token "
+                   "counts and are exact on resume. Also: transformers' 'batch_rebalance'")
+
+
+def _group_own_flags_first(parser) -> None:
+    """``--help`` lists this package's flags (``StageArguments``) first, in their own group, then TRL's and
+    transformers' (HfArgumentParser puts every dataclass's flags in one "options" group)."""
+    own = {f.name for f in dataclasses.fields(StageArguments)}
+    group = parser.add_argument_group("llava-normaligned: model, data, stage and variant")
+    options = move_to_group(parser, group, own)  # HfArgumentParser's one "options" group, which they came from
+    options.title = "TRL SFTConfig and ModelConfig (transformers TrainingArguments)"
+
+
+def read_train_args(argv: list[str] | None = None) -> TrainRequest:
+    """Parse: argv (and the ``--config`` recipes it names) -> a ``TrainRequest``. Nothing is checked, derived or
+    set here but what argparse itself refuses."""
+    return read_request(list(sys.argv[1:] if argv is None else argv), make_parser(),
+                        "a train, SFTConfig or ModelConfig field")
+
+
+def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
+    """argv -> the run's ``TrainConfig``: ``read_train_args``, ``setup_environment`` (the recipes' ``env:`` keys),
+    ``build_train_config``; the three steps ``train`` takes, in its order."""
+    request = read_train_args(argv)
+    setup_environment(request.environment)
+    return build_train_config(request)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,4 +184,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "make_parser"]
+__all__ = ["TRAIN_DTYPE_DEFAULT", "main", "make_parser", "parse_train_args", "read_train_args"]

@@ -9,24 +9,10 @@ import logging
 import os
 import sys
 
-from llava_normaligned.console import (
-    INTERRUPTED,
-    TERMINATED,
-    BadInput,
-    OneLineUsageErrors,
-    arguments_accepted,
-    fail,
-    keep_notices_of,
-    removed_unless_kept,
-)
+from llava_normaligned.checks import BadInput
 from llava_normaligned.loading import register_local_model
-from llava_normaligned.trainer.arguments import (
-    HelpFormatter,
-    describe_negations,
-    earlier_run,
-    read_request,
-    setup_environment,
-)
+from llava_normaligned.notices import keep_notices_of
+from llava_normaligned.trainer.arguments import earlier_run, setup_environment
 from llava_normaligned.trainer.callbacks import NormTrackingCallback, SigtermCheckpoint, Terminated
 from llava_normaligned.trainer.preference import (
     TRAINERS,
@@ -39,6 +25,8 @@ from llava_normaligned.trainer.preference import (
     trl_script,
 )
 
+from .shared import INTERRUPTED, TERMINATED, OneLineUsageErrors, arguments_accepted, fail, removed_unless_kept
+from .shared.trl_parsers import HelpFormatter, describe_negations, read_request
 from .stops import DiskFull, disk_full_message, stopped_message
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 
-from llava_normaligned.console import CommandParser
-
 from ..atomic_files import write_json_atomic, write_text_atomic
 
 # Next to the tables: how the stock row was trained differs from the four variants' recipe in three ways.
@@ -238,8 +236,8 @@ def gwc_finding(rows: list[dict], contrasts: list[dict]) -> dict | None:
     """What GWC changed under AdamW in one demo run, as numbers: stage-2 means over the logged steps and the seeds
     (``optimizer_step``) of target init with and without GWC, with and without clipping, and the paired accuracy
     contrasts. None when the run lacks those rows. The demo's model card states it (``write_gwc_note``) from
-    ``assets/demo_gwc.json``, which holds this dict for the run the docs quote (``python -m
-    llava_normaligned.demo.report``)."""
+    ``assets/demo_gwc.json``, which holds this dict for the run the docs quote (``python
+    .ci/demo_report.py``)."""
     rows_by = _by_key(rows)
     need = ("norm_target_init", "norm_target_init_gwc", "norm_target_init_noclip", "norm_target_init_gwc_noclip")
     if not all(k in rows_by for k in need):
@@ -1130,27 +1128,3 @@ def write_gwc_note(folder: str) -> str | None:
 
     text = demo_gwc_text()
     return str(write_card_notes(folder, {"gwc": text})) if text else None
-
-
-def main(argv: list[str] | None = None) -> int:
-
-    parser = CommandParser(
-        prog="python -m llava_normaligned.demo.report",
-        description="Print the README's / docs' excerpt of a demo run's results.json; --write-asset also keeps its "
-                    "GWC finding for the demo's model card (llava_normaligned/assets/demo_gwc.json).")
-    parser.add_argument("results", help="a demo run's results.json")
-    parser.add_argument("--write-asset", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        with open(args.results, encoding="utf-8") as handle:
-            results = json.load(handle)
-    except (OSError, ValueError) as error:
-        parser.error(f"cannot read {args.results}: {error}")
-    print(measured_section(results))
-    if args.write_asset:
-        write_gwc_asset(results)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -731,7 +731,7 @@ _WORKER_INPUTS: dict = {}  # per worker process: the demo folder's config, parts
 def _worker_init() -> None:
     """A spawned worker starts as a fresh Python, without the command's notice filters: install them (the
     progress-bar switches it inherits with the environment)."""
-    from llava_normaligned.console import quiet_known_notices
+    from llava_normaligned.notices import quiet_known_notices
 
     quiet_known_notices([])
 

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, field
 from PIL import Image, ImageDraw
 from tqdm.auto import tqdm
 
-
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 KINDS = ("circle", "square", "triangle", "cross")
 # Cells of the 2x2 grid in reading order: (row, column).

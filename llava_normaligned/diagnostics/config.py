@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from llava_normaligned.console import POSITIVE_COUNT, check_numbers
+from llava_normaligned.checks import POSITIVE_COUNT, check_numbers
 
 # The blog's sweep of the projector-output scale (its Experiment 1).
 DEFAULT_ALPHAS = (0.01, 0.03, 0.05, 0.07, 0.1, 0.3, 1.0, 3.0)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from llava_normaligned.console import BadInput, check_output_folder
+from llava_normaligned.checks import BadInput, check_output_folder
 from llava_normaligned.families.anatomy import AnatomyError
 from llava_normaligned.families.probe_points import ProbePoints, locate
 from llava_normaligned.generation import placeholder_token_ids

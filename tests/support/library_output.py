@@ -4,8 +4,7 @@ The library (the model, the families, the core, compat, and the applications: ``
 ``diagnostics``, ``evaluation``, ``serving``) raises and returns; only the commands (``llava_normaligned/commands/``,
 ``cli.py``), the demo and the chat page turn results into output and exit codes. What counts, in a library module:
 a call of ``print``, ``sys.exit``, ``sys.stdout.write`` / ``sys.stderr.write``, ``input`` or any ``parse_args``.
-Code under ``if __name__ == "__main__":`` is a module's script entry, never run by an importer, and is not counted;
-nor are ``console/`` and ``flags.py``, what the commands share, which sit in the core's folder.
+Code under ``if __name__ == "__main__":`` is a module's script entry, never run by an importer, and is not counted.
 
     python -m tests.support.library_output [ROOT]      # prints one line per site; exit 1 if any
 """
@@ -18,10 +17,10 @@ from pathlib import Path
 
 from tests.support.private_reaches import ROOT, source_files
 
-# path prefixes (relative to the root) of what may print: the commands, the console entry, the demo, the chat page,
-# and what the commands share
+# path prefixes (relative to the root) of what may print: the commands (with what they share, commands/shared/), the
+# console entry, the demo, the chat page
 NOT_LIBRARY = ("llava_normaligned/commands/", "llava_normaligned/cli.py", "llava_normaligned/demo/",
-               "llava_normaligned/chat/", "llava_normaligned/console/", "llava_normaligned/flags.py")
+               "llava_normaligned/chat/")
 
 
 def _script_entries(tree: ast.Module) -> set[int]:

@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from llava_normaligned.families.tokens import IMAGE_TOKEN as IMAGE_TAG  # the tag in LLaVA-format text
 from llava_normaligned.atomic_files import write_json_atomic
+from llava_normaligned.families.tokens import IMAGE_TOKEN as IMAGE_TAG  # the tag in LLaVA-format text
 
 from .columns import ArrowColumns, _save_dataset, in_memory_dataset, row_features
 from .common import (

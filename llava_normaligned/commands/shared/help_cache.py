@@ -10,7 +10,8 @@ import os
 import shutil
 import sys
 
-from ..atomic_files import write_text_atomic
+import llava_normaligned
+from llava_normaligned.atomic_files import write_text_atomic
 
 # what a command's --help text depends on besides this package's own source
 HELP_DEPENDS_ON = ("llava-normaligned", "trl", "transformers", "peft", "accelerate", "datasets")
@@ -36,7 +37,7 @@ def help_key(name: str) -> str:
             digest.update(f"{package}={version(package)};".encode())
         except PackageNotFoundError:
             digest.update(f"{package}=none;".encode())
-    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # llava_normaligned/
+    package_dir = os.path.dirname(os.path.abspath(llava_normaligned.__file__))
     roots = [package_dir] + [os.path.join(os.path.dirname(package_dir), d) for d in ("trainer", "hub_cards")]
     for root in roots:
         for folder, dirs, files in os.walk(root):

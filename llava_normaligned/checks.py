@@ -1,5 +1,6 @@
-"""The checks of a command's input: numbers (``NumberRule``, ``check_number(s)``) and paths (``check_input_*``,
-``check_output_*``), each failing with a ``BadInput`` that names the flag."""
+"""Checks of input values: numbers (``NumberRule``, ``check_number(s)``) and paths (``check_input_*``,
+``check_output_*``), each raising a ``BadInput`` (a ``ValueError``) that names the option; the commands turn it into
+their one-line error."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import math
 import os
 from dataclasses import dataclass
 
-from .errors import BadInput
 
-# ------------------------------------------------------------------------------------- checks of a command's input
-# Every command checks its arguments with these before it loads a model: a bad one is a ``BadInput`` naming the flag
-# and the way out, which the command reports with ``fail`` (one line, exit code 2).
+class BadInput(ValueError):
+    """An input value that cannot work (a number out of range, a path that is not there or not usable); its message
+    names the option and the way out."""
+
 
 @dataclass(frozen=True)
 class NumberRule:
@@ -144,3 +145,21 @@ def check_output_file(flag: str, path: str) -> None:
         raise BadInput(f"{flag} {path}: a folder, not a file; give a file path")
     if not os.path.exists(full):
         _check_creatable(flag, full)
+
+
+__all__ = [
+    "FRACTION",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "POSITIVE_COUNT",
+    "SEED",
+    "BadInput",
+    "NumberRule",
+    "check_input_file",
+    "check_input_folder",
+    "check_number",
+    "check_numbers",
+    "check_output_file",
+    "check_output_folder",
+    "option_flag",
+]

@@ -1,4 +1,5 @@
-"""The filters of library notices no user asked for (``KNOWN_NOTICES``), installed before a command runs."""
+"""The filters of library notices no user asked for (``KNOWN_NOTICES``): installed before a command runs, and by the
+library where it imports a library that says one (bitsandbytes)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,7 @@ def keep_notices_of(settings) -> None:
     if settings & {"gradient_checkpointing", "gradient_checkpointing_kwargs"}:
         # a filter put first wins over the one quiet_known_notices added
         warnings.filterwarnings("default", message=GRADIENT_CHECKPOINTING_WARNING, category=FutureWarning)
+
+
+__all__ = ["DEEPSPEED_CPU_NOTICE", "GRADIENT_CHECKPOINTING_WARNING", "KNOWN_NOTICES", "keep_notices_of",
+           "quiet_known_notices"]

@@ -1,19 +1,25 @@
 """The flags commands share, each defined once: how a command line says which model to load (``add_load_flags``,
 read back by ``loading.LoadOptions.from_args``), whether to run a checkpoint's code (``add_trust_remote_code_flags``),
-a ``--dtype`` (``dtype_argument``, ``dtype_help``) and the projector norm's options (``add_norm_flags``, read back by
-``norm_variant.NormVariant.from_args``; ``variant_field`` is train's dataclass field for the same options).
-
-It sits above the core and below the commands (pyproject.toml's layers): the core's library functions take values,
-not command lines; the commands (the applications) build their parsers from these groups.
+a ``--dtype`` (``dtype_argument``) and the projector norm's options (``add_norm_flags``, read back by
+``norm_variant.NormVariant.from_args``; ``norm_variant.variant_field`` is train's dataclass field for the same
+options). Their help texts are the core's, beside the values they describe (``loading``, ``norm_variant``), so that
+``train``'s dataclass fields say the same.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from .loading import DEVICE_DEFAULT, DTYPE_DEFAULT, DTYPE_NAMES, TRUST_REMOTE_CODE_DEFAULT
-from .norm_variant import DEFAULT, NO_NORM, NORM_INITS
+from llava_normaligned.loading import (
+    DEVICE_DEFAULT,
+    DTYPE_DEFAULT,
+    DTYPE_NAMES,
+    NO_TRUST_REMOTE_CODE_HELP,
+    TRUST_REMOTE_CODE_DEFAULT,
+    TRUST_REMOTE_CODE_HELP,
+    dtype_help,
+)
+from llava_normaligned.norm_variant import DEFAULT, NORM_CHOICES, NORM_OPTION_HELP
 
 
 def dtype_argument(name: str) -> str | None:
@@ -24,20 +30,6 @@ def dtype_argument(name: str) -> str | None:
             f"dtype: unknown value {name!r}; expected 'auto' or one of {sorted(DTYPE_NAMES)}"
         )
     return None if name == "auto" else name
-
-
-TRUST_REMOTE_CODE_HELP = (
-    "run the checkpoint's own Python code (a model whose classes are not installed; not needed for this package's "
-    "models); review it first and pin --revision to a commit hash (default: neither flag, transformers' own "
-    "resolution: installed classes, no checkpoint code)")
-NO_TRUST_REMOTE_CODE_HELP = "refuse checkpoint code without asking"
-
-
-def dtype_help(default: str | None = None) -> str:
-    """The help of every ``--dtype`` that loads a model; ``default``: a command's own default, stated (``train``'s)."""
-    stated = "auto (default: as the checkpoint stores them)" if default is None else \
-        f"auto (as the checkpoint stores them), default: {default},"
-    return f"dtype of the unquantized weights: {stated} or one of {', '.join(sorted(DTYPE_NAMES))}"
 
 
 def add_trust_remote_code_flags(parser) -> None:
@@ -79,14 +71,6 @@ def add_load_flags(parser, *, quantization: bool = True, attn_implementation: bo
     return group
 
 
-# What each option does, as every command's --help says it.
-WHAT = {
-    "projector_norm": "'layernorm', or 'none' for exactly stock LLaVA (paper: w/o Norm)",
-    "norm_init": "'target': gain T/sqrt(D) (paper §5.1); 'default': gain 1 (paper Table 5)",
-    "gradient_compensation": "Global Weight Compensation (GWC, paper §5.1)",
-    "gradient_compensation_min": "the GWC clamp: gradients are scaled by 1 / clamp(mean |gain|, this)",
-}
-CHOICES = {"projector_norm": ["layernorm", NO_NORM], "norm_init": list(NORM_INITS)}
 GROUP_TITLE = "projector norm (the paper's ablation, Tables 4-5)"
 
 
@@ -95,24 +79,13 @@ def add_norm_flags(parser: argparse.ArgumentParser):
     their own group, each defaulting to the paper's method; read them back with ``NormVariant.from_args``."""
     group = parser.add_argument_group(GROUP_TITLE)
     for key in ("projector_norm", "norm_init"):
-        group.add_argument("--" + key.replace("_", "-"), choices=CHOICES[key], default=getattr(DEFAULT, key),
-                           help=f"{WHAT[key]} (default: {getattr(DEFAULT, key)})")
+        group.add_argument("--" + key.replace("_", "-"), choices=NORM_CHOICES[key], default=getattr(DEFAULT, key),
+                           help=f"{NORM_OPTION_HELP[key]} (default: {getattr(DEFAULT, key)})")
     group.add_argument("--no-gradient-compensation", dest="gradient_compensation", action="store_false",
-                       help=f"turn {WHAT['gradient_compensation']} off")
+                       help=f"turn {NORM_OPTION_HELP['gradient_compensation']} off")
     group.add_argument("--gradient-compensation-min", type=float, default=DEFAULT.gradient_compensation_min,
-                       help=f"{WHAT['gradient_compensation_min']} (default: {DEFAULT.gradient_compensation_min:g})")
+                       help=f"{NORM_OPTION_HELP['gradient_compensation_min']} (default: {DEFAULT.gradient_compensation_min:g})")
     return group
 
 
-def variant_field(key: str):
-    """``train``'s field for option ``key``: unset (None) unless given, and then applied before stage 1
-    (``StageArguments.variant``)."""
-    metadata = {"help": f"stage 1 variant: {WHAT[key]}" + (" on/off" if key == "gradient_compensation" else "")
-                + "; default: as the model is"}
-    if key in CHOICES:
-        metadata["choices"] = CHOICES[key]
-    return dataclasses.field(default=None, metadata=metadata)
-
-
-__all__ = ["NO_TRUST_REMOTE_CODE_HELP", "TRUST_REMOTE_CODE_HELP", "add_load_flags", "add_norm_flags",
-           "add_trust_remote_code_flags", "dtype_argument", "dtype_help", "variant_field"]
+__all__ = ["add_load_flags", "add_norm_flags", "add_trust_remote_code_flags", "dtype_argument"]

@@ -1,5 +1,5 @@
-"""The one error printer, ``fail``: a command's error in one line and its exit code; ``BadInput``, the error of an
-argument that cannot work; the exit codes of a stopped command."""
+"""The one error printer, ``fail``: a command's error in one line and its exit code; the exit codes of a stopped
+command."""
 
 from __future__ import annotations
 
@@ -9,10 +9,6 @@ from .held_output import end_hold
 
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it
 TERMINATED = 143  # the exit code of a command stopped by SIGTERM (128 + SIGTERM), as shells report it
-
-
-class BadInput(ValueError):
-    """A command's argument that cannot work (a number out of range, a path that is not there or not usable)."""
 
 
 def fail(command: str, error, code: int = 2, details: bool = False) -> int:
