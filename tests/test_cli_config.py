@@ -1,5 +1,6 @@
-"""``--config FILE.yaml`` on every command, as ``train`` and TRL's scripts take it: the file's options are the
-defaults, the command line overrides them, and a key that is no option is a one-line usage error naming the file."""
+"""``--config FILE.yaml`` on every command, read by one reader (``commands/shared/config_files.py``) as ``train`` and
+TRL's scripts take it: the file's options are the defaults, several files merge in order, the command line overrides
+them, and a key that is no option is a one-line usage error naming the file."""
 
 from __future__ import annotations
 
@@ -58,3 +59,24 @@ def test_a_bad_file_is_one_line_naming_it(text, says, tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"llava-normaligned generate: error: --config {config}: ") and says in err[0], err
+
+
+def test_several_files_merge_in_order_as_train_s_recipes_do(tmp_path):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("max-new-tokens: 7\nbatch-size: 3\n")
+    second.write_text("max_new_tokens: 9\n")
+    args = _parser("generate").parse_args(["M", "--prompt", "hi", "--config", str(first), f"--config={second}"])
+    assert (args.max_new_tokens, args.batch_size) == (9, 3)  # the later file wins; the earlier one's other keys stay
+    args = _parser("generate").parse_args(["M", "--prompt", "hi", "--config", str(second), "--config", str(first)])
+    assert args.max_new_tokens == 7
+
+
+@pytest.mark.parametrize("name", ["generate", "train"])
+def test_a_config_flag_without_a_file_is_one_line(name, capsys):
+    try:
+        code = main([name, "--config"])
+    except SystemExit as stop:
+        code = stop.code
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and err == [f"llava-normaligned {name}: error: --config needs a file (see llava-normaligned "
+                                 f"{name} --help)"], err

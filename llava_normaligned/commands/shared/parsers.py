@@ -7,6 +7,7 @@ import sys
 
 from llava_normaligned.compat import parser_actions
 
+from .config_files import pop_config_flags, read_config_files
 from .held_output import end_hold
 
 
@@ -34,35 +35,32 @@ class OneLineUsageErrors:
 
 class CommandParser(OneLineUsageErrors, argparse.ArgumentParser):
     """The parser of a command: ``argparse.ArgumentParser`` with one-line usage errors, no abbreviated flags, and
-    ``--config FILE.yaml`` as ``train``'s and TRL's parsers have it: a YAML mapping of the command's options (a key
-    is the flag without its dashes, ``-`` or ``_`` alike: ``max-new-tokens`` or ``max_new_tokens``), read as the
-    defaults, which the command line overrides. A key that is no option of the command, or a positional argument,
-    is a usage error naming the file."""
+    ``--config FILE.yaml`` read as ``train``'s and TRL's commands read theirs (``config_files``: repeatable, later
+    files win): a YAML mapping of the command's options (a key is the flag without its dashes, ``-`` or ``_`` alike:
+    ``max-new-tokens`` or ``max_new_tokens``), read as the defaults, which the command line overrides. A key that is
+    no option of the command, or a positional argument, is a usage error naming the file."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.add_argument("--config", metavar="FILE.yaml", default=None,
                           help="a YAML file of this command's options (flag names without the dashes) read before "
-                          "the command line, which overrides it (default: none)")
+                          "the command line, which overrides it; repeatable, later files win (default: none)")
 
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
-        path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"),
-                    next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None))
-        if path is not None:
+        try:
+            argv, paths = pop_config_flags(argv)
+        except ValueError as error:
+            self.error(str(error))
+        for path in paths:  # in order: a later file's value wins
             self._use_config(path)
         return super().parse_known_args(argv, namespace)
 
     def _use_config(self, path: str) -> None:
-        import yaml
-
         try:
-            with open(path, encoding="utf-8") as handle:
-                values = yaml.safe_load(handle) or {}
-        except (OSError, yaml.YAMLError) as error:
-            self.error(f"--config {path}: {type(error).__name__}: {error}".splitlines()[0])
-        if not isinstance(values, dict):
-            self.error(f"--config {path}: a mapping of option names to values is expected")
+            values, _ = read_config_files([path])
+        except ValueError as error:
+            self.error(str(error))
         options = {}
         for action in parser_actions(self):
             if action.option_strings and action.dest not in ("help", "config"):

@@ -15,6 +15,8 @@ from llava_normaligned.checks import BadInput
 from llava_normaligned.compat import DefaultsHelpFormatter, is_store_false, parser_actions
 from llava_normaligned.trainer.arguments import TrainRequest, resolve_config
 
+from .config_files import pop_config_flags, read_config_files
+
 
 class HelpFormatter(DefaultsHelpFormatter):
     """transformers' formatter (``HfArgumentParser`` ends each option's help with "(default: X)"), except where the
@@ -39,50 +41,17 @@ def describe_negations(parser) -> None:
             action.help = f"turn --{action.dest} off (the same as --{action.dest} False)"
 
 
-def _read_configs(paths: list[str]) -> tuple[dict, dict[str, str]]:
-    """The recipes' values, merged in order (later files win), and their ``env:`` keys (environment variables the
-    run sets, in ``setup_environment``; as TRL's own ``--config`` reads them)."""
-    import yaml
-
-    merged, environment = {}, {}
-    for path in map(resolve_config, paths):
-        with open(path, encoding="utf-8") as handle:
-            config = yaml.safe_load(handle) or {}
-        if not isinstance(config, dict):
-            raise ValueError(f"--config {path}: expected a YAML mapping of argument names to values")  # noqa: TRY004
-        env = config.pop("env", None) or {}
-        if not isinstance(env, dict):
-            raise ValueError(f"--config {path}: 'env' must be a mapping of environment variable names to values")  # noqa: TRY004
-        environment.update({str(key): str(value) for key, value in env.items()})
-        merged.update(config)
-    return merged, environment
-
-
-def _pop_configs(argv: list[str]) -> tuple[list[str], list[str]]:
-    rest, configs, i = [], [], 0
-    while i < len(argv):
-        if argv[i] == "--config":
-            if i + 1 >= len(argv):
-                raise ValueError("--config needs a file")
-            configs.append(argv[i + 1])
-            i += 2
-        elif argv[i].startswith("--config="):
-            configs.append(argv[i].split("=", 1)[1])
-            i += 1
-        else:
-            rest.append(argv[i])
-            i += 1
-    return rest, configs
-
-
 def read_request(argv: list[str], parser, fields: str) -> TrainRequest:
     """argv and the ``--config`` recipes it names (files, or the names of shipped recipes), parsed by ``parser`` (a
     ``TrlParser``) -> a ``TrainRequest``: the one reader of ``--config`` files for ``train`` and the commands that
     mirror TRL's scripts. ``fields``: what a recipe's keys must be, for the error naming one that is not."""
-    argv, config_files = _pop_configs(argv)
+    try:
+        argv, config_files = pop_config_flags(argv)
+    except ValueError as error:  # a usage error, as every command's parser reports one
+        parser.error(str(error))
     environment, values = {}, {}
     if config_files:
-        values, environment = _read_configs(config_files)
+        values, environment = read_config_files(config_files, resolve=resolve_config, environment=True)
         unused = parser.set_defaults_with_config(**values)
         if unused:
             raise BadInput(f"--config: unknown arguments {unused} (not {fields})")
