@@ -1,4 +1,4 @@
-"""Print the README's / docs' excerpt of a demo run's ``results.json`` (``llava_normaligned.demo.report``), to paste
+"""Print the README's / docs' excerpt of a demo run's ``results.json`` (``llava_normaligned.demo.results_text``), to paste
 where ``tests/test_demo.py`` says it differs; ``--write-asset`` also keeps the run's GWC finding for the demo's model
 card (``llava_normaligned/assets/demo_gwc.json``).
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llava_normaligned.demo.report import measured_section, write_gwc_asset  # noqa: E402
+from llava_normaligned.demo.results_text import measured_section, write_gwc_asset  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

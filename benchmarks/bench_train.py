@@ -143,8 +143,9 @@ def run_norm_aligned(model, processor, dataset, stage, opts, workdir):
 
 
 def run_stock(stock, processor, dataset, stage, opts, workdir):
-    from llava_normaligned.trainer.stages import freeze_for_stage
     from trl import SFTTrainer
+
+    from llava_normaligned.trainer.stages import freeze_for_stage
 
     freeze_for_stage(stock, stage)  # the same freezing; everything else is TRL as shipped
     timer = StepTimer(opts.device)
@@ -222,8 +223,8 @@ class ComponentClock:
 
 
 def component_shares(model, collator, rows, stage, opts) -> dict[str, float]:
+    from llava_normaligned.trainer.skip_unread_layers import skip_unused_vision_compute
     from llava_normaligned.trainer.stages import freeze_for_stage
-    from llava_normaligned.trainer.unused_compute import skip_unused_vision_compute
 
     freeze_for_stage(model, stage)
     model.train()

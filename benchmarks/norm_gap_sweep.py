@@ -21,7 +21,7 @@ import sys
 
 def sweep_rows(results_by_gap: dict[float, dict]) -> list[dict]:
     """One summary per gap from each run's ``results.json``."""
-    from llava_normaligned.demo.report import detectable
+    from llava_normaligned.demo.results_text import detectable
 
     out = []
     for gap, results in sorted(results_by_gap.items()):
@@ -84,7 +84,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llava_normaligned.commands.demo import config_from_args, make_parser as demo_parser
+    from llava_normaligned.commands.demo import config_from_args
+    from llava_normaligned.commands.demo import make_parser as demo_parser
     from llava_normaligned.demo.run import run_demo
 
     opts = make_parser().parse_args(argv)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from llava_normaligned.demo import report
+from llava_normaligned.demo import results_text
 from llava_normaligned.hub_cards.card import CARD_NOTES, render_card, write_card_notes
 
 # step 0 is the before-training record; steps 10 and 20 are logged optimizer steps (their numbers chosen by hand)
@@ -49,7 +49,7 @@ def gwc_folder(tiny_model_dir, tmp_path):
 def demo_asset(tmp_path, monkeypatch):
     path = tmp_path / "demo_gwc.json"
     path.write_text(json.dumps({"command": "llava-normaligned demo --output-dir demo_out", "finding": FINDING}))
-    monkeypatch.setattr(report, "GWC_ASSET", str(path))
+    monkeypatch.setattr(results_text, "GWC_ASSET", str(path))
     return path
 
 
@@ -81,7 +81,7 @@ def test_a_checkpoint_s_card_does_not_carry_the_demo_s_finding(gwc_folder, demo_
     """Any GWC checkpoint (a 3B model's as well) other than the demo's: its own numbers, not the demo's finding."""
     card = str(render_card(gwc_folder))
     assert "pre-clip gradient norm, total" in card  # its own run's section is there
-    assert "In the package's CPU demo" not in card and report.gwc_finding_text(FINDING) not in card
+    assert "In the package's CPU demo" not in card and results_text.gwc_finding_text(FINDING) not in card
     assert not (gwc_folder / CARD_NOTES).exists()
 
 
@@ -95,16 +95,16 @@ def test_publishing_does_not_import_the_demo(gwc_folder):
 
 
 def test_the_demo_s_card_states_the_demo_finding_from_its_record(gwc_folder, demo_asset):
-    report.write_gwc_note(str(gwc_folder))  # what the demo does to its best_model/ before rendering its card
+    results_text.write_gwc_note(str(gwc_folder))  # what the demo does to its best_model/ before rendering its card
     card = str(render_card(gwc_folder))
-    assert report.gwc_finding_text(FINDING) in card
+    assert results_text.gwc_finding_text(FINDING) in card
     assert "3 seeds, 4-layer LLM, 60 + 150 steps" in card
     for number in ("39.50", "3.31", "0.039", "0.481", "0.87x", "1.00x"):
         assert number in card
     # another record, another text: nothing of it is written into the card's code
     changed = dict(FINDING, grad_norm={"gwc": 12.25, "no_gwc": 6.5})
     demo_asset.write_text(json.dumps({"command": "llava-normaligned demo --output-dir demo_out", "finding": changed}))
-    report.write_gwc_note(str(gwc_folder))
+    results_text.write_gwc_note(str(gwc_folder))
     card = str(render_card(gwc_folder))
     assert "averaged 12.25 against 6.50 without GWC" in card and "39.50" not in card
 
@@ -119,8 +119,8 @@ def test_no_gwc_section_without_gwc_or_without_optimizer_records(gwc_folder, dem
 
 
 def test_without_the_demo_record_the_run_s_numbers_still_stand(gwc_folder, tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "GWC_ASSET", str(tmp_path / "missing.json"))
-    assert report.write_gwc_note(str(gwc_folder)) is None
+    monkeypatch.setattr(results_text, "GWC_ASSET", str(tmp_path / "missing.json"))
+    assert results_text.write_gwc_note(str(gwc_folder)) is None
     card = str(render_card(gwc_folder))
     assert "pre-clip gradient norm, total" in card and "In the package's CPU demo" not in card
 
@@ -139,6 +139,6 @@ def test_a_note_shows_only_under_the_gwc_section_and_bad_notes_are_refused(gwc_f
 
 
 def test_the_shipped_demo_record_is_what_the_card_states():
-    asset = report.read_gwc_asset()
+    asset = results_text.read_gwc_asset()
     assert asset is not None and asset["finding"]["grad_norm"]["gwc"] > 0
-    assert report.gwc_finding_text(asset["finding"]) in report.demo_gwc_text()
+    assert results_text.gwc_finding_text(asset["finding"]) in results_text.demo_gwc_text()

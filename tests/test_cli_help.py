@@ -41,6 +41,25 @@ def test_the_key_follows_the_sources_and_versions(monkeypatch):
     assert help_cache.help_key("train") != key
 
 
+def test_the_key_follows_a_linked_folder_s_sources(monkeypatch, tmp_path):
+    """In a checkout, ``llava_normaligned/trainer`` is a link to ``trainer/``: an edit there is a new key too (the
+    recipes a help text lists are there)."""
+    import llava_normaligned
+    from llava_normaligned.commands.shared import help_cache
+
+    package, linked = tmp_path / "llava_normaligned", tmp_path / "trainer"
+    package.mkdir()
+    linked.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "trainer").symlink_to(linked, target_is_directory=True)
+    recipe = linked / "recipe.yaml"
+    recipe.write_text("learning_rate: 1e-3\n")
+    monkeypatch.setattr(llava_normaligned, "__file__", str(package / "__init__.py"))
+    key = help_cache.help_key("train")
+    recipe.write_text("learning_rate: 2e-3, longer\n")
+    assert help_cache.help_key("train") != key
+
+
 # ------------------------------------------------------------------------------ every option of every command
 
 DOUBLED_DEFAULT = re.compile(r"\(default:[^()]*(?:\([^()]*\)[^()]*)*\)\s*\(default:")

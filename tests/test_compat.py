@@ -18,9 +18,10 @@ import torch
 
 from llava_normaligned import compat
 from llava_normaligned.compat import HOOKS, REPLACED
+from tests.support.layout import source_roots
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = ("llava_normaligned", "trainer", "hub_cards", "modeling_llava_normaligned")
+PACKAGE_DIRS = source_roots()
 
 
 # ------------------------------------------------------------------------------------------------ transformers

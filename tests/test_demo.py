@@ -17,7 +17,7 @@ from PIL import Image
 
 from llava_normaligned.demo import synthetic
 from llava_normaligned.demo.parts import EXTRA_VARIANTS, VARIANTS
-from llava_normaligned.demo.report import FIGURES_DIR
+from llava_normaligned.demo.results_text import FIGURES_DIR
 from llava_normaligned.demo.run import torch_threads
 
 TEMPLATES = {t.name for t in synthetic.TEMPLATES}
@@ -102,7 +102,7 @@ def test_per_part_clipping_s_total_is_explained(quick_demo, results):
     """With per-part clipping the Trainer's total is taken after the parts were clipped, so it is below the parts:
     results.md says so and gives the total before (the parts' root sum of squares, which is the Trainer's total
     where nothing clips per part)."""
-    from llava_normaligned.demo.report import per_part_clip_note
+    from llava_normaligned.demo.results_text import per_part_clip_note
     from llava_normaligned.hub_cards.card import parts_total
 
     rows = {r["key"]: r for r in results["rows"]}
@@ -147,17 +147,17 @@ def test_rows_that_differ_only_in_stage_2_share_their_stage_1(quick_demo, result
 
 
 def test_the_readme_excerpt_and_the_card_s_gwc_record_come_from_results_json(results, tmp_path):
-    from llava_normaligned.demo import report
+    from llava_normaligned.demo import results_text
 
-    text = report.measured_section(results)
-    assert all(line in text for line in report.summary_table(results["rows"]))
+    text = results_text.measured_section(results)
+    assert all(line in text for line in results_text.summary_table(results["rows"]))
     assert f"{results['timing']['total_seconds']:.0f} s wall" in text and "At this depth (4 LLM layers)" in text
     path = tmp_path / "demo_gwc.json"
-    record = report.write_gwc_asset(results, str(path))
-    assert report.read_gwc_asset(str(path)) == json.loads(json.dumps(record))
+    record = results_text.write_gwc_asset(results, str(path))
+    assert results_text.read_gwc_asset(str(path)) == json.loads(json.dumps(record))
     gwc = next(r for r in results["rows"] if r["key"] == "norm_target_init_gwc")
     assert record["finding"]["grad_norm"]["gwc"] == gwc["optimizer_step"]["mean"]["grad_norm"]
-    assert report.gwc_finding_text(record["finding"]) in report.render_markdown(results)
+    assert results_text.gwc_finding_text(record["finding"]) in results_text.render_markdown(results)
 
 
 def test_the_readme_and_docs_quote_the_committed_run():
@@ -165,15 +165,15 @@ def test_the_readme_and_docs_quote_the_committed_run():
     that run's ``gwc_finding``."""
     from pathlib import Path
 
-    from llava_normaligned.demo import report
+    from llava_normaligned.demo import results_text
 
     root = Path(__file__).resolve().parent.parent
     committed = json.loads((root / "benchmarks" / "results" / "demo_results.json").read_text())
-    section = report.measured_section(committed)
+    section = results_text.measured_section(committed)
     for path in ("README.md", "docs/demo.md"):
         assert section.strip() in (root / path).read_text(), f"{path}: regenerate with python .ci/demo_report.py"
-    asset = report.read_gwc_asset()
-    assert asset["finding"] == json.loads(json.dumps(report.gwc_finding(committed["rows"], committed["contrasts"])))
+    asset = results_text.read_gwc_asset()
+    assert asset["finding"] == json.loads(json.dumps(results_text.gwc_finding(committed["rows"], committed["contrasts"])))
 
 
 def test_the_tiny_demo_s_settings_are_recorded_as_before_the_real_llm_options():
@@ -241,7 +241,7 @@ def test_table5_statistics_of_the_norm(results):
 
 
 def test_results_markdown_has_both_tables(quick_demo, results):
-    from llava_normaligned.demo.report import SELECTION_NOTE, STOCK_ROW_NOTE
+    from llava_normaligned.demo.results_text import SELECTION_NOTE, STOCK_ROW_NOTE
 
     text = (quick_demo / "results.md").read_text()
     for row in results["rows"]:
@@ -258,7 +258,7 @@ def test_results_markdown_has_both_tables(quick_demo, results):
 
 
 def test_figures_are_png_files_with_captions(quick_demo, results):
-    from llava_normaligned.demo.report import FIGURES, figure_captions
+    from llava_normaligned.demo.results_text import FIGURES, figure_captions
 
     text = (quick_demo / "results.md").read_text()
     captions = figure_captions(results)
@@ -272,7 +272,7 @@ def test_figures_are_png_files_with_captions(quick_demo, results):
 
 
 def test_curve_spread_measures_how_far_coinciding_curves_are_apart():
-    from llava_normaligned.demo.report import curve_spread, target_init_rows
+    from llava_normaligned.demo.results_text import curve_spread, target_init_rows
 
     assert curve_spread([([0, 2, 4], [1.0, 2.0, 3.0]), ([0, 2, 4], [1.0, 2.0, 3.0])]) == 0
     assert curve_spread([([0, 2], [1.0, 2.0]), ([0, 2], [1.0, 2.2]), ([2], [1.8])]) == pytest.approx(0.4 / 2.0)
@@ -308,7 +308,7 @@ def test_best_model_folder_loads_and_answers(quick_demo, results):
     assert "eval/figures/accuracy.png" in card  # the demo's results, embedded with working links
     # the demo's GWC finding travels in the folder (card_notes.json), so `push` renders the same card; it is stated
     # under the run's own GWC numbers, which a checkpoint trained without GWC has not
-    from llava_normaligned.demo.report import demo_gwc_text
+    from llava_normaligned.demo.results_text import demo_gwc_text
 
     assert json.loads((folder / "card_notes.json").read_text()) == {"gwc": demo_gwc_text()}
     assert ("In the package's CPU demo" in card) == bool(config["gradient_compensation"]), config
@@ -320,7 +320,7 @@ def test_best_model_holds_the_paper_s_method_at_its_best_seed(quick_demo, result
     candidate, with the values the tables' row is the mean of."""
     from safetensors.torch import load_file
 
-    from llava_normaligned.demo.report import best_model_text, summary_table
+    from llava_normaligned.demo.results_text import best_model_text, summary_table
     from llava_normaligned.demo.run import DEFAULT_BEST_VARIANT, pick_best_seed
 
     best = results["best"]
@@ -360,7 +360,7 @@ def test_the_best_model_text_agrees_with_the_rows_of_the_committed_run():
     every number the text gives is a row's or its seeds'."""
     from pathlib import Path
 
-    from llava_normaligned.demo.report import best_model_text
+    from llava_normaligned.demo.results_text import best_model_text
     from llava_normaligned.demo.run import best_model_record
 
     root = Path(__file__).resolve().parent.parent
@@ -503,7 +503,7 @@ def test_the_demo_is_its_own_package_and_training_does_not_use_it():
     from llava_normaligned import demo, trainer
 
     assert {p.stem for p in Path(demo.__file__).parent.glob("*.py")} >= {
-        "run", "parts", "report", "scoring", "synthetic", "text_pretrain", "vision_pretrain"}
+        "run", "parts", "results_text", "scoring", "synthetic", "text_pretrain", "vision_pretrain"}
     for path in Path(trainer.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \

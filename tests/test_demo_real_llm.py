@@ -57,7 +57,7 @@ def results(quick_real):
 @needs_smollm2
 @pytest.mark.slow
 def test_every_output_of_the_demo_is_written(quick_real, results):
-    from llava_normaligned.demo.report import FIGURES
+    from llava_normaligned.demo.results_text import FIGURES
     from llava_normaligned.demo.run import REAL_LLM_ROWS
 
     folder, _, seconds = quick_real
@@ -281,8 +281,8 @@ def test_the_compute_dtype_follows_the_cpu_s_bf16_instructions(monkeypatch):
 
 
 def test_rows_are_chosen_by_key():
-    from llava_normaligned.demo.parts import VARIANTS
     from llava_normaligned.commands.demo import parse_rows
+    from llava_normaligned.demo.parts import VARIANTS
     from llava_normaligned.demo.run import ROW_KEYS, STOCK_KEY, demo_tasks
 
     assert parse_rows("stock, norm_target_init_gwc,no_norm") == ("no_norm", "norm_target_init_gwc", STOCK_KEY)
@@ -303,8 +303,8 @@ def test_rows_are_chosen_by_key():
      "--best-model-variant norm_target_init_noclip: not among the rows trained"),
 ])
 def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, argv, message):
-    from llava_normaligned.demo import real_llm
     from llava_normaligned.commands.demo import main as demo_main
+    from llava_normaligned.demo import real_llm
 
     monkeypatch.setattr(real_llm, "offline_gguf_folder", lambda: str(tmp_path))  # installed or not
     with pytest.raises(SystemExit) as exit_info:
@@ -315,8 +315,8 @@ def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, arg
 
 
 def test_without_the_package_the_offline_model_says_how_to_install_it(tmp_path, capsys, monkeypatch):
-    from llava_normaligned.demo import real_llm
     from llava_normaligned.commands.demo import main as demo_main
+    from llava_normaligned.demo import real_llm
 
     real_find = importlib.util.find_spec
     monkeypatch.setattr(real_llm.importlib.util, "find_spec",

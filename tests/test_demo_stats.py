@@ -103,7 +103,7 @@ def _unit_spread(n: int, sd: float) -> list[float]:
 
 def test_paired_differences_carry_their_detectable_difference_and_records_without_it_recover_it():
     """The issue's own figures: 3 seeds, paired half-widths 0.128, 0.047 and 0.176 detect about 16, 6 and 22 points."""
-    from llava_normaligned.demo.report import detectable
+    from llava_normaligned.demo.results_text import detectable
     from llava_normaligned.demo.stats import detectable_from_interval
 
     paired = paired_difference([0.62, 0.55, 0.60], [0.58, 0.57, 0.52])
@@ -133,7 +133,7 @@ def test_seeds_for_inverts_the_detectable_difference():
 def test_the_depth_sentence_reads_the_interval_it_prints(low, high, verdict):
     """The sentence under the per-layer tables concludes from the same paired interval it quotes, also for a row
     without an entry among the contrasts (target init + GWC against w/o Norm is only a row's paired difference)."""
-    from llava_normaligned.demo.report import depth_text
+    from llava_normaligned.demo.results_text import depth_text
 
     paired = {"mean": (low + high) / 2, "half_width": (high - low) / 2, "low": low, "high": high}
     rows = [{"key": "no_norm", "name": "w/o Norm", "layers": {"layers": [0, 1, 2]}, "paired_to_baseline": None},

@@ -514,7 +514,7 @@ def test_the_diagnostics_modules_import_each_other_without_cycles():
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 imported |= {node.module} if node.module else {alias.name for alias in node.names}
         graph[name] = imported - {name}
-    assert "report" in graph["plots"] and "plots" not in graph["report"]
+    assert "output_files" in graph["plots"] and "plots" not in graph["output_files"]
 
     def cycle_from(start, node, seen):
         for nxt in graph.get(node, ()):

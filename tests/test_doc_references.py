@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.layout import source_roots
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "modeling_llava_normaligned").glob("*.py"),
                 *(ROOT / "hub_cards" / "templates").glob("*.md")])
-FOLDERS = ("tests", "benchmarks", "docs", "trainer", "hub_cards", "llava_normaligned", "modeling_llava_normaligned",
-           ".ci")
+FOLDERS = ("tests", "benchmarks", "docs", ".ci", *source_roots())
 PATH = re.compile(r"(?<![\w/.-])((?:%s)/[\w/.-]+\.(?:py|sh|md|yaml|json|txt))" % "|".join(re.escape(f) for f in FOLDERS))
 DOTTED = re.compile(r"(?<![\w.])((?:llava_normaligned|modeling_llava_normaligned)(?:\.[A-Za-z_]\w*)+)")
 

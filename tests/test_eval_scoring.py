@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llava_normaligned.evaluation import scoring
-from llava_normaligned.evaluation.report import (
+from llava_normaligned.evaluation.results_files import (
     BaselineError,
     ResultsWriter,
     average,

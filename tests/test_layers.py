@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from tests.support.layout import linked_roots, package_dirs, source_roots
+
 ROOT = Path(__file__).resolve().parents[1]
 LINT = shutil.which("lint-imports", path=os.path.dirname(sys.executable))
 CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
@@ -43,9 +45,21 @@ def _report(result: subprocess.CompletedProcess) -> str:
 
 
 def test_the_checkout_reads_as_installed():
-    for name in ("trainer", "hub_cards"):
-        link = ROOT / "llava_normaligned" / name
-        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
+    linked = linked_roots()
+    assert linked, "pyproject.toml maps no folder to another import name"
+    for name, folder in linked.items():
+        link = ROOT / name.replace(".", "/")
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
+
+
+def test_every_package_folder_is_listed_for_the_install():
+    """A sub-package missing from ``[tool.setuptools] packages`` is not installed: its imports fail in a wheel."""
+    listed = set(package_dirs().values())
+    found = {str(init.parent.relative_to(ROOT)) for root in source_roots() for init in (ROOT / root).rglob("__init__.py")
+             if "__pycache__" not in init.parts and not any((ROOT / Path(*init.relative_to(ROOT).parts[:i])).is_symlink()
+                                                            for i in range(1, len(init.relative_to(ROOT).parts)))}
+    assert found - listed == set(), f"add to pyproject.toml's [tool.setuptools] packages: {sorted(found - listed)}"
+    assert listed - found == set(), f"listed but not in the checkout: {sorted(listed - found)}"
 
 
 def test_the_layers_hold():
@@ -59,7 +73,7 @@ def tree(tmp_path_factory) -> Path:
     """The sources and pyproject.toml copied, links kept (they are relative)."""
     target = tmp_path_factory.mktemp("checkout")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "assets", "recipes", "templates")
-    for folder in ("llava_normaligned", "trainer", "hub_cards", "modeling_llava_normaligned", "tests/support"):
+    for folder in (*source_roots(), "tests/support"):
         shutil.copytree(ROOT / folder, target / folder, symlinks=True, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", target / "pyproject.toml")
     return target

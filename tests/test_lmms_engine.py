@@ -7,7 +7,7 @@ import pytest
 
 from llava_normaligned.commands.eval import main
 from llava_normaligned.evaluation.lmms_engine import LMMS_TASKS, model_args, task_entry
-from llava_normaligned.evaluation.report import ResultsWriter, table_markdown
+from llava_normaligned.evaluation.results_files import ResultsWriter, table_markdown
 from llava_normaligned.evaluation.runner import EvalConfig
 
 

@@ -190,7 +190,7 @@ def test_train_refuses_a_bad_variant_by_its_option(tiny_parts, tmp_path, capsys)
 
 
 def test_stage1_variant_on_a_checkpoint_rebuilds_the_norm_and_stage2_refuses_it(tiny_model_dir):
-    from llava_normaligned.trainer.starting_point import apply_norm_variant, describe_variant
+    from llava_normaligned.trainer.stage_model import apply_norm_variant, describe_variant
     from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
     model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)
@@ -210,7 +210,7 @@ def test_stage1_variant_on_a_checkpoint_rebuilds_the_norm_and_stage2_refuses_it(
 
 
 def test_a_training_summary_of_a_model_without_a_norm_records_no_init_or_gwc(tiny_model_dir):
-    from llava_normaligned.trainer.starting_point import apply_norm_variant, describe_variant
+    from llava_normaligned.trainer.stage_model import apply_norm_variant, describe_variant
     from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 
     model = LlavaNormAlignedForConditionalGeneration.from_pretrained(tiny_model_dir)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from llava_normaligned.compose import stock_llava_like
-from llava_normaligned.trainer.starting_point import load_checkpoint
+from llava_normaligned.trainer.stage_model import load_checkpoint
 
 
 def _drop_weights(folder, predicate) -> list[str]:

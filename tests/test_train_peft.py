@@ -13,7 +13,7 @@ from llava_normaligned.trainer.collator import LlavaTrainingCollator
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.lora import stage2_lora_config
 from llava_normaligned.trainer.preprocess import prepare_dataset
-from llava_normaligned.trainer.starting_point import load_checkpoint
+from llava_normaligned.trainer.stage_model import load_checkpoint
 from llava_normaligned.trainer.train import train_stage
 from tests.support.training import cpu_config, snapshot, write_llava_dataset
 

@@ -148,8 +148,8 @@ def test_vision_text_norm_ratio_matches_a_direct_computation(tiny_model, tiny_pr
 
 
 def test_skipping_unused_vision_compute_changes_no_loss_or_gradient(tiny_model, tiny_processor, dataset):
+    from llava_normaligned.trainer.skip_unread_layers import skip_unused_vision_compute, unused_vision_modules
     from llava_normaligned.trainer.stages import freeze_stage2
-    from llava_normaligned.trainer.unused_compute import skip_unused_vision_compute, unused_vision_modules
 
     freeze_stage2(tiny_model)
     tiny_model.train()

@@ -14,7 +14,7 @@ inputs, before any training: the chat template (``args.chat_template_path``), th
 (``stages.py``), the preparation of the rows (render, answer spans, length checks; ``preprocess.py``; once per
 machine in a multi-process run), the answer-only collator (``collator.py``), the per-part learning rates and the
 norm-tracking callback (``callbacks.py``). ``run_stage`` runs ``trainer.train()`` (resuming if asked; vision compute
-that LLaVA never reads skipped, ``unused_compute.py``) and saves the final model, processor,
+that LLaVA never reads skipped, ``skip_unread_layers.py``) and saves the final model, processor,
 ``training_summary.json`` and ``norm_tracking.json`` in ``args.output_dir``; a run that SIGTERM stopped
 (``callbacks.SigtermCheckpoint``, which ``train`` installs) keeps its last checkpoint and saves nothing as finished.
 """
@@ -61,9 +61,9 @@ from .held_out import HeldOutAccuracyCallback, load_held_out
 from .padding_free import check_padding_free, multimodal_positions, packed_attention
 from .preprocess import prepare_dataset
 from .sampling import grouped_order_for
+from .skip_unread_layers import skip_unused_vision_compute
+from .stage_model import describe_variant
 from .stages import StageLearningRates, freeze_for_stage, parameter_groups
-from .starting_point import describe_variant
-from .unused_compute import skip_unused_vision_compute
 
 logger = logging.getLogger(__name__)
 
@@ -669,7 +669,7 @@ def _load_model(config: TrainConfig, load: LoadOptions | None = None):
     """The model and processor the stage starts from: the checkpoint, loaded with the run's ``LoadOptions``
     (``config.load``, or ``load``), or for stage 1 without one a vision encoder and a causal LM composed; then the
     run's norm variant applied."""
-    from .starting_point import apply_norm_variant, compose_for_stage1
+    from .stage_model import apply_norm_variant, compose_for_stage1
 
     stage_args, load = config.stage_args, load or config.load
     variant = stage_args.variant()

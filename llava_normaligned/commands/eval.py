@@ -30,7 +30,7 @@ from llava_normaligned.checks import (
     check_output_folder,
 )
 from llava_normaligned.evaluation.data import EvalDataError
-from llava_normaligned.evaluation.report import BaselineError, load_baseline, table_markdown
+from llava_normaligned.evaluation.results_files import BaselineError, load_baseline, table_markdown
 from llava_normaligned.evaluation.runner import SAMPLES_FILE, EvalConfig, EvalSetupError, evaluate
 from llava_normaligned.evaluation.tasks import TASKS, UnknownTaskError
 from llava_normaligned.loading import LoadOptions

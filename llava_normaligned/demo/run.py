@@ -955,7 +955,7 @@ def write_best_model(best: dict, results: dict, paths: DemoPaths) -> str:
     in a temporary folder and moved into place."""
     from llava_normaligned.hub_cards.card import CardOptions, render_card
 
-    from .report import FIGURES_DIR, render_markdown, write_gwc_note
+    from .results_text import FIGURES_DIR, render_markdown, write_gwc_note
 
     run = pick_best_seed(best)
     source = os.path.join(paths.root, run["checkpoint"])
@@ -1145,7 +1145,7 @@ def run_demo(output_dir: str, config: DemoConfig, progress: bool = True, workers
     _check_best_model_variant(best_model_variant, config)
     from llava_normaligned.trainer.data import load_llava_json
 
-    from .report import write_figures, write_tables
+    from .results_text import write_figures, write_tables
 
     _require_matplotlib()  # the figures come last: fail now, not after the training
     load_start = os.getloadavg()[0]

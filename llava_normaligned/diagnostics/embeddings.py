@@ -164,7 +164,7 @@ MARKDOWN_NAME = "embedding_comparison.md"
 def write(comparison: dict, output_dir: str) -> list[str]:
     from ..atomic_files import write_json_atomic, write_text_atomic
     from ..local_paths import public_record
-    from .report import json_safe
+    from .output_files import json_safe
 
     comparison = public_record(json_safe(comparison))
     return [

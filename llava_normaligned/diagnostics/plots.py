@@ -13,7 +13,7 @@ import math
 import os
 
 from ..atomic_files import write_bytes_atomic
-from .report import models
+from .output_files import models
 
 MODALITY_COLOURS = {"vision": "tab:blue", "text": "tab:orange"}
 CONDITION_COLOURS = {"real": "tab:blue", "blank": "tab:gray", "no_image": "tab:green"}

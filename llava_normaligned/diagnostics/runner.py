@@ -372,7 +372,7 @@ def diagnose(config: DiagnoseConfig) -> tuple[dict, list[str]]:
     """
     from .default_inputs import default_images_dir, default_prompts_file
     from .inputs import list_images, load_prompts, pair_samples
-    from .report import build_document, json_safe, write_outputs
+    from .output_files import build_document, json_safe, write_outputs
 
     if config.plots:
         try:

@@ -9,7 +9,7 @@ engines: :mod:`.prompts`, :mod:`.extraction`, :mod:`.scoring` (log-likelihoods: 
 docs/evaluation.md, "Two engines, one set of rules".
 """
 
-from .report import render_markdown, table_markdown
+from .results_files import render_markdown, table_markdown
 from .runner import EvalConfig, evaluate
 
 __all__ = ["EvalConfig", "evaluate", "render_markdown", "table_markdown"]

@@ -6,7 +6,7 @@ under ``OUTPUT_DIR/lmms_eval/`` (``<model>/<timestamp>_results.json`` and the pe
 ``--log_samples``) and its log in ``OUTPUT_DIR/lmms_eval.log``. lmms-eval exits 0 even when a task raises, so
 success is read from its results JSON only: a task without its headline metric there is failed, with the log's
 last error. The headline of each task is the metric lmms-eval reports for it (below, as a percentage); results.json
-and results.md are then written by the same code as this package's own harness (report.py), baseline deltas
+and results.md are then written by the same code as this package's own harness (results_files.py), baseline deltas
 included.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..local_paths import public_name
 from . import provenance
-from .report import ResultsWriter, load_baseline
+from .results_files import ResultsWriter, load_baseline
 from .runner import EvalConfig, EvalSetupError, check_model, check_output, results_header
 from .tasks import TASKS, resolve_tasks
 

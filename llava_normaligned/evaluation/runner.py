@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from ..local_paths import hide_local_paths, public_name
 from . import provenance
 from .data import LoadedSplit, load_split, save_split
-from .report import ResultsWriter, load_baseline
+from .results_files import ResultsWriter, load_baseline
 from .scoring import error_verdict
 from .tasks import TASKS, TaskSpec, resolve_tasks
 

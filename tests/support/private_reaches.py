@@ -24,8 +24,9 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("llava_normaligned", "trainer", "hub_cards", "modeling_llava_normaligned")
+from tests.support.layout import ROOT, source_roots
+
+SOURCES = source_roots()
 OWN_PACKAGES = ("llava_normaligned", "modeling_llava_normaligned")
 # the package's hooks, and the model's own (its Hub files cannot import the package)
 COMPAT = ("llava_normaligned/compat.py", "modeling_llava_normaligned/transformers_hooks.py")

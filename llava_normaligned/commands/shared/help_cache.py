@@ -37,15 +37,14 @@ def help_key(name: str) -> str:
             digest.update(f"{package}={version(package)};".encode())
         except PackageNotFoundError:
             digest.update(f"{package}=none;".encode())
-    package_dir = os.path.dirname(os.path.abspath(llava_normaligned.__file__))
-    roots = [package_dir] + [os.path.join(os.path.dirname(package_dir), d) for d in ("trainer", "hub_cards")]
-    for root in roots:
-        for folder, dirs, files in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            for file in sorted(f for f in files if f.endswith(".py") or f.endswith(".yaml")):
-                path = os.path.join(folder, file)
-                stat = os.stat(path)
-                digest.update(f"{os.path.relpath(path, root)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    # the installed package's files; in a checkout, its trainer/ and hub_cards/ are links to the top-level folders
+    root = os.path.dirname(os.path.abspath(llava_normaligned.__file__))
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for file in sorted(f for f in files if f.endswith(".py") or f.endswith(".yaml")):
+            path = os.path.join(folder, file)
+            stat = os.stat(path)
+            digest.update(f"{os.path.relpath(path, root)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
     return digest.hexdigest()
 
 

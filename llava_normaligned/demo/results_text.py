@@ -1085,7 +1085,7 @@ def write_gwc_asset(results: dict, path: str | None = None, command: str = DEMO_
     finding = gwc_finding(results["rows"], results.get("contrasts", []))
     if finding is None:
         raise ValueError("results.json lacks the rows of the GWC ablation (target init with/without GWC, clipping)")
-    record = {"about": "What GWC did under AdamW in the CPU demo the docs quote (llava_normaligned.demo.report."
+    record = {"about": "What GWC did under AdamW in the CPU demo the docs quote (llava_normaligned.demo.results_text."
                        "gwc_finding of its results.json); the demo's model card states it.",
               "command": command, "finding": finding}
     with open(path or GWC_ASSET, "w", encoding="utf-8") as handle:
