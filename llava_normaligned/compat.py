@@ -183,6 +183,13 @@ def in_checked_range(name: str, version: str | None = None) -> bool:
         return False
 
 
+def run_probe(name: str) -> None:
+    """Run hook ``name``'s probe now, whatever the installed version: it returns when the private names the hook
+    relies on are there and raises ``CompatError`` (or what the probe met) when they are not. Each hook's pin test
+    runs it on the tested version; ``ensure`` runs it outside the checked range."""
+    globals()[HOOKS[name].probe]()
+
+
 def ensure(name: str) -> None:
     """Check once per process that hook ``name`` may run: inside its checked range, or outside it with its probe
     passing (said in one line per library, ``_tell_unchecked_once``). A failing probe raises ``CompatError``; a
@@ -193,7 +200,7 @@ def ensure(name: str) -> None:
     version = installed_version(hook.library)
     if version is not None and not in_checked_range(name, version):
         try:
-            globals()[hook.probe]()
+            run_probe(name)
         except CompatError:
             raise
         except Exception as err:  # whatever the probe met, the private names are not as checked
@@ -752,6 +759,6 @@ __all__ = [
     "HOOKS", "REPLACED", "CompatError", "DefaultsHelpFormatter", "Hook", "TrainerHooks", "attn_implementation",
     "callback_handler_delivering", "dataset_fingerprint", "dataset_indices", "dataset_over", "deepspeed_op_off",
     "ensure", "flash_varlen_rows", "forget_accelerate_preparation", "forwards_replaced", "in_checked_range", "installed_version", "is_store_false",
-    "keeps_pil_backend_steps", "move_to_group", "no_split_modules", "parser_actions", "put_callback_first",
+    "keeps_pil_backend_steps", "move_to_group", "no_split_modules", "parser_actions", "put_callback_first", "run_probe",
     "random_fingerprint", "record_distributed_type", "vllm_llava_projector_built_as", "write_arrow_file",
 ]

@@ -128,9 +128,9 @@ def test_make_data_draws_its_bar_on_a_terminal_only(tmp_path):
 WORKER = """
     import multiprocessing, sys
     from concurrent.futures import ProcessPoolExecutor
-    from llava_normaligned.demo.run import _worker_init
+    from llava_normaligned.demo.run import worker_init
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init if sys.argv[-1] == "filtered" else None) as pool:
+                             initializer=worker_init if sys.argv[-1] == "filtered" else None) as pool:
         pool.submit(exec, "import bitsandbytes{deepspeed}").result()
 """
 
@@ -138,7 +138,7 @@ WORKER = """
 @pytest.mark.parametrize("library,notice", [("bitsandbytes", BNB_NOTICE), ("deepspeed", DEEPSPEED_NOTICE)])
 def test_the_demo_s_spawned_workers_install_the_filters(library, notice):
     """The demo trains in spawned worker processes, which start without the command's filters: each installs them
-    (``run._worker_init``). A worker that imports bitsandbytes and DeepSpeed shows neither notice; the same worker
+    (``run.worker_init``). A worker that imports bitsandbytes and DeepSpeed shows neither notice; the same worker
     without the initializer shows it (on a machine where the library says it)."""
     if library == "deepspeed" and not _deepspeed_installed():
         pytest.skip("deepspeed is not installed")

@@ -230,7 +230,7 @@ def test_callback_handler_order_hook():
     from transformers import TrainerCallback, TrainerControl, TrainerState
     from transformers.trainer_callback import CallbackHandler
 
-    compat._probe_callback_handler()
+    compat.run_probe("callback_handler_order")
 
     class Reporter(TrainerCallback):
         def __init__(self):
@@ -420,7 +420,7 @@ def test_trl_fused_head_compact_hook(monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl.trainer import utils
 
-    compat._probe_trl_fused_head()
+    compat.run_probe("trl_fused_head_compact")
     rows = []
     chunked = utils._ChunkedLogProbFunction
 
@@ -452,7 +452,7 @@ VLLM_PIN = """
 from vllm.model_executor.models import llava
 from llava_normaligned import compat
 
-compat._probe_vllm_llava()  # vLLM's LLaVA builds its projector from the module global
+compat.run_probe("vllm_llava_projector")  # vLLM's LLaVA builds its projector from the module global
 original = llava.LlavaMultiModalProjector
 factory = lambda **kwargs: kwargs
 with compat.vllm_llava_projector_built_as(factory):

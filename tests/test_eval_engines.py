@@ -84,8 +84,8 @@ def test_both_engines_write_the_same_results_head(tiny_model, tiny_model_dir):
 
     cfg = EvalConfig(model=tiny_model_dir, tasks="pope", output_dir="o", label="tiny")
     identity = {"model": "m", "revision": None, "model_fingerprint": {}, "settings": {}}
-    own = runner._header(cfg, tiny_model, identity)
-    theirs = lmms_engine._header(cfg)
+    own = runner.harness_header(cfg, tiny_model, identity)
+    theirs = lmms_engine.lmms_header(cfg)
     keys = ["label", "method", "revision"]
     assert [own[k] for k in keys] == [theirs[k] for k in keys] == ["tiny", "w/ Norm (w/ GWC)", None]
     assert own["versions"]["llava_normaligned"] == theirs["versions"]["llava_normaligned"]

@@ -260,7 +260,7 @@ def test_paligemma_prompt_is_its_processors_prefix_and_generated_tokens_are_the_
     image_run = batch.image_mask[0].nonzero()[:, 0]
     assert image_run.tolist() == list(range(16)) and batch.text_rule == "prompt-span"
     appended = torch.tensor([[5, 6]])
-    kwargs = passes._model_inputs(model, batch.inputs, appended=appended)
+    kwargs = passes.model_inputs(model, batch.inputs, appended=appended)
     assert kwargs["token_type_ids"][0, -2:].tolist() == [1, 1]  # the generated suffix: causal
     assert kwargs["token_type_ids"].shape == kwargs["input_ids"].shape
 
@@ -283,7 +283,7 @@ def test_gemma3_image_block_and_scaled_text_embeddings(family_dirs):
     stock = processor(text=[text], images=[[open_image(sample.image_path)]], return_tensors="pt",
                       add_special_tokens=False)
     assert ids == stock["input_ids"][0].tolist()
-    kwargs = passes._model_inputs(model, batch.inputs, appended=torch.tensor([[5, 6]]))
+    kwargs = passes.model_inputs(model, batch.inputs, appended=torch.tensor([[5, 6]]))
     assert kwargs["token_type_ids"][0, -2:].tolist() == [0, 0]  # generated text
     report = probe_model(model, processor, _config(), _samples())
     weight = model.get_input_embeddings().weight.detach()

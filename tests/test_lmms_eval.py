@@ -293,7 +293,7 @@ from PIL import Image
 from lmms_eval.api.instance import Instance
 from llava_normaligned.evaluation.batches import SampleSink, run_generation
 from llava_normaligned.evaluation.data import LoadedSplit
-from llava_normaligned.evaluation.loglik import _judged, run_loglik
+from llava_normaligned.evaluation.loglik import judged, run_loglik
 from llava_normaligned.evaluation.lmms_plugin import LlavaNormAligned
 from llava_normaligned.evaluation.tasks import TASKS
 
@@ -332,7 +332,7 @@ per_request, k = [], 0
 for q in requests:
     per_request.append([-v for v in nll[k : k + len(q.continuations)]])
     k += len(q.continuations)
-plugin_ll = [_judged(TASKS["mmlu"], i, q, lls) for i, (q, lls) in enumerate(zip(requests, per_request))]
+plugin_ll = [judged(TASKS["mmlu"], i, q, lls) for i, (q, lls) in enumerate(zip(requests, per_request))]
 print(json.dumps({"prompts": prompts, "other_family": other_family, "answers": answers, "own": own,
                   "own_ll": own_ll, "plugin_ll": plugin_ll}, default=str))
 """

@@ -509,8 +509,11 @@ def test_image_token_count_mismatch_is_a_clear_error(seed):
 
 def test_sdpa_and_eager_agree(seed):
     config = make_config()
-    eager = LlavaNormAlignedForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
-    sdpa = LlavaNormAlignedForConditionalGeneration._from_config(config, attn_implementation="sdpa").eval()
+    from transformers import AutoModelForImageTextToText
+
+    eager = AutoModelForImageTextToText.from_config(config, attn_implementation="eager").eval()
+    sdpa = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa").eval()
+    assert isinstance(eager, LlavaNormAlignedForConditionalGeneration)
     sdpa.load_state_dict(eager.state_dict())
     input_ids, pixel_values = make_inputs()
     with torch.no_grad():

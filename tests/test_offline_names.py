@@ -134,8 +134,10 @@ def test_a_reachable_endpoint_is_asked_once_an_unreachable_one_again_and_a_proxy
         monkeypatch.delenv(name.upper(), raising=False)
     monkeypatch.setattr(loading, "_HUB_REACHED", set())
     connects = []
-    connect = loading._connect
-    monkeypatch.setattr(loading, "_connect", lambda *args: connects.append(args[:2]) or connect(*args))
+    create_connection = socket.create_connection
+    monkeypatch.setattr(socket, "create_connection",
+                        lambda address, *args, **kwargs: connects.append(tuple(address)) or create_connection(
+                            address, *args, **kwargs))
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", answering_hub)
     assert loading.hub_unreachable() is None and loading.hub_unreachable() is None
     assert len(connects) == 1  # remembered

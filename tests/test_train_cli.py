@@ -217,10 +217,10 @@ def test_lora_vision_puts_adapters_on_the_vision_tower():
 
 
 def test_summary_records_which_sources_are_hub_datasets(tmp_path):
-    from llava_normaligned.trainer.train import _with_hub_ids
+    from llava_normaligned.trainer.train import with_hub_ids
 
     local = tmp_path / "rows.json"
     local.write_text("[]")
     load = {"sources": ["liuhaotian/LLaVA-Pretrain", str(local), "data/mix665k.json"], "rows_read": 3}
-    assert _with_hub_ids(load)["hub_ids"] == ["liuhaotian/LLaVA-Pretrain"]
-    assert _with_hub_ids(None) is None
+    assert with_hub_ids(load)["hub_ids"] == ["liuhaotian/LLaVA-Pretrain"]
+    assert with_hub_ids(None) is None

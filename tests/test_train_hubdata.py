@@ -39,11 +39,13 @@ def test_conversation_format_with_embedded_images(hub_folder, tmp_path):
 
 def test_embedded_images_are_not_read_up_front_at_scale(hub_folder, monkeypatch):
     """Above the limit, "auto" reads only the byte counts and opens a seeded sample; "exists" opens none."""
+    from PIL import Image
+
     from llava_normaligned.trainer.data import images as data
 
     opened = []
-    real = data._header_problem
-    monkeypatch.setattr(data, "_header_problem", lambda source: opened.append(1) or real(source))
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *args, **kwargs: opened.append(1) or real_open(*args, **kwargs))
     monkeypatch.setattr(data, "AUTO_OPEN_LIMIT", 100)
     monkeypatch.setattr(data, "AUTO_SAMPLE", 50)
     _, report = load_messages_dataset(hub_folder, return_report=True)

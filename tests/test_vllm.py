@@ -285,14 +285,14 @@ def test_vllm_fp8_quantizes_the_llm_and_leaves_projector_and_norm_alone(vllm_pyt
 def test_vllm_name_mapping_and_refusal_of_a_quantized_projector(vllm_python):
     code = '''
 import json
-from llava_normaligned.serving.vllm_model import LlavaNormAlignedForConditionalGeneration as M, _refuse_quantized_projector
+from llava_normaligned.serving.vllm_model import LlavaNormAlignedForConditionalGeneration as M, refuse_quantized_projector
 names = ["model.vision_tower.encoder.layers.0.mlp.fc1.weight",               # transformers 5 layout
          "model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",  # transformers 4 layout
          "model.multi_modal_projector.norm.weight", "model.language_model.norm.weight", "lm_head.weight"]
 mapped = [M.hf_to_vllm_mapper.map_name(n) for n in names]
-kept = [n for n, _ in _refuse_quantized_projector((n, None) for n in names)]
+kept = [n for n, _ in refuse_quantized_projector((n, None) for n in names)]
 try:
-    list(_refuse_quantized_projector([("model.multi_modal_projector.linear_1.qweight", None)]))
+    list(refuse_quantized_projector([("model.multi_modal_projector.linear_1.qweight", None)]))
     refused = None
 except ValueError as error:
     refused = str(error)

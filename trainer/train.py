@@ -380,7 +380,7 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
 
 
-def _with_hub_ids(load: dict | None) -> dict | None:
+def with_hub_ids(load: dict | None) -> dict | None:
     """The data report plus ``hub_ids``: the sources that are Hub dataset ids (the model card's ``datasets``)."""
     if not isinstance(load, dict):
         return load
@@ -429,7 +429,7 @@ def _summary(trainer, *, stage, freeze, prepare_report, data_report, metrics, re
         "freeze": freeze.to_dict(),
         "data": {
             "load": _public_data_report(
-                _with_hub_ids(data_report.to_dict() if hasattr(data_report, "to_dict") else data_report)),
+                with_hub_ids(data_report.to_dict() if hasattr(data_report, "to_dict") else data_report)),
             "prepare": _public_data_report(prepare_report.to_dict()),
             "rows_skipped_in_training": trainer.skipped_rows,
         },
@@ -782,4 +782,5 @@ __all__ = [
     "run_stage",
     "shared_image_checker",
     "train_stage",
+    "with_hub_ids",
 ]

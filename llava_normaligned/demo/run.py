@@ -728,7 +728,7 @@ def _run_task_here(task: Task, parts: Parts, datasets: dict, test_rows, paths: D
 _WORKER_INPUTS: dict = {}  # per worker process: the demo folder's config, parts, datasets and test rows
 
 
-def _worker_init() -> None:
+def worker_init() -> None:
     """A spawned worker starts as a fresh Python, without the command's notice filters: install them (the
     progress-bar switches it inherits with the environment)."""
     from llava_normaligned.notices import quiet_known_notices
@@ -781,7 +781,7 @@ def run_tasks(tasks: list[Task], paths: DemoPaths, config: DemoConfig, workers: 
     else:
         context = multiprocessing.get_context("spawn")  # no forked copy of this process's torch / thread state
         with ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=context,
-                                 initializer=_worker_init) as pool:
+                                 initializer=worker_init) as pool:
             futures = {pool.submit(_worker_task, task, paths.root): task
                        for task in sorted(pending, key=lambda t: -t.cost)}
             for future in as_completed(futures):

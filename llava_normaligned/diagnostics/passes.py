@@ -46,7 +46,10 @@ def _generated_token_type(model) -> int:
     return family.generated_token_type if family is not None else 0
 
 
-def _model_inputs(model, inputs: dict, pixel_values=None, appended: torch.Tensor | None = None) -> dict:
+def model_inputs(model, inputs: dict, pixel_values=None, appended: torch.Tensor | None = None) -> dict:
+    """The keyword arguments of a forward pass of ``model`` over a probe batch's ``inputs``: on the model's device
+    (pixels in its dtype), ``pixel_values`` replacing the batch's when given, ``appended`` (B, n) text tokens added
+    on the right (the attention mask and per-token type ids extended with them), and the family's position ids."""
     device, dtype = _device_dtype(model)
     inputs = dict(inputs)
     if appended is not None:  # (B, n) tokens appended on the right, all real, all text
@@ -72,7 +75,7 @@ def _model_inputs(model, inputs: dict, pixel_values=None, appended: torch.Tensor
 @torch.inference_mode()
 def run(model, inputs: dict, *, pixel_values=None, appended=None, logits_to_keep: int = 0, use_cache: bool = False):
     """One forward pass of the full model over the prompt (+ ``appended`` tokens); returns the model output."""
-    kwargs = _model_inputs(model, inputs, pixel_values, appended)
+    kwargs = model_inputs(model, inputs, pixel_values, appended)
     return model(**kwargs, use_cache=use_cache, logits_to_keep=logits_to_keep)
 
 

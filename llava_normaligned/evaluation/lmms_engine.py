@@ -162,7 +162,9 @@ def task_entry(name: str, lmms_results: dict, n_samples: dict) -> dict | str:
     }
 
 
-def _header(cfg: EvalConfig) -> dict:
+def lmms_header(cfg: EvalConfig) -> dict:
+    """The head of ``results.json`` for a run through lmms-eval: ``runner.results_header`` from the checkpoint's
+    config (the model runs in lmms-eval's process) and the lmms-eval version."""
     from llava_normaligned.loading import load_config
 
     config = load_config(cfg.model, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
@@ -188,7 +190,7 @@ def evaluate_with_lmms(cfg: EvalConfig, baseline: dict | None = None) -> dict:
     check_output(cfg)
     check_model(cfg)
     try:
-        config_header = _header(cfg)
+        config_header = lmms_header(cfg)
     except (OSError, ValueError) as exc:
         raise EvalSetupError(f"cannot read the config of model {cfg.model!r}: {exc}") from exc
     os.makedirs(cfg.output_dir, exist_ok=True)

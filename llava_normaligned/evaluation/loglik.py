@@ -104,7 +104,10 @@ def _argmax(values: list[float]) -> int:
     return max(range(len(values)), key=lambda i: values[i])
 
 
-def _judged(spec: TaskSpec, row: int, request: LoglikRequest, lls: list[float]) -> dict:
+def judged(spec: TaskSpec, row: int, request: LoglikRequest, lls: list[float]) -> dict:
+    """The sample record of one multiple-choice question scored by log-likelihood: the choice with the highest
+    ``lls`` (and, as lm-eval's ``acc_norm``, the highest per character), and whether each is the gold one. The
+    lmms-eval plugin's scores go through it too, so both engines judge alike."""
     choice = _argmax(lls)
     # lm-eval's acc_norm: per character of the choice itself, without the space that joins it to the context
     choice_norm = _argmax([ll / max(len(c.lstrip()), 1) for ll, c in zip(lls, request.continuations)])
@@ -118,7 +121,7 @@ def run_loglik(spec: TaskSpec, split: LoadedSplit, model, tokenizer, sink: Sampl
     """Every row of ``split`` (but those in ``skip``) scored, ``batch_size`` requests at a time; a request's
     options go through the model together with the other requests' options."""
     return run_batches(
-        spec, split, sink, batch_size=batch_size, skip=skip, progress=progress, judge=_judged,
+        spec, split, sink, batch_size=batch_size, skip=skip, progress=progress, judge=judged,
         score_batch=lambda requests: score_requests(model, tokenizer, requests, batch_size * 4),
         score_one=lambda request: score_requests(model, tokenizer, [request], 4)[0],
     )

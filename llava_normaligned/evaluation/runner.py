@@ -272,7 +272,9 @@ def results_header(cfg: EvalConfig, config, identity: dict, versions: dict) -> d
     }
 
 
-def _header(cfg: EvalConfig, model, identity: dict) -> dict:
+def harness_header(cfg: EvalConfig, model, identity: dict) -> dict:
+    """The head of ``results.json`` for this package's own harness (``results_header`` with the versions it ran
+    with: datasets, torch, transformers); ``lmms_engine.lmms_header`` is the lmms-eval engine's."""
     import datasets
     import torch
     import transformers
@@ -305,7 +307,7 @@ def evaluate(cfg: EvalConfig, baseline: dict | None = None) -> dict:
         if earlier_run is not None:  # the commit the revision resolved to for this load
             check_resume(cfg, earlier_run, identity)
     earlier = prepare_output(cfg)
-    writer = ResultsWriter(cfg.output_dir, _header(cfg, model, identity), [s.name for s in specs], baseline)
+    writer = ResultsWriter(cfg.output_dir, harness_header(cfg, model, identity), [s.name for s in specs], baseline)
     sink = SampleSink(os.path.join(cfg.output_dir, SAMPLES_FILE))
     try:
         for spec in specs:
@@ -329,4 +331,5 @@ def evaluate(cfg: EvalConfig, baseline: dict | None = None) -> dict:
     return writer.results
 
 
-__all__ = ["EvalConfig", "EvalSetupError", "SAMPLES_FILE", "evaluate", "load_evaluated_model", "method_label"]
+__all__ = ["EvalConfig", "EvalSetupError", "SAMPLES_FILE", "evaluate", "harness_header", "load_evaluated_model",
+           "method_label", "results_header"]

@@ -78,10 +78,12 @@ class LlavaNormAlignedForConditionalGeneration(LlavaForConditionalGeneration):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return super().load_weights(_refuse_quantized_projector(weights))
+        return super().load_weights(refuse_quantized_projector(weights))
 
 
-def _refuse_quantized_projector(weights: Iterable[tuple[str, torch.Tensor]]):
+def refuse_quantized_projector(weights: Iterable[tuple[str, torch.Tensor]]):
+    """The checkpoint's ``(name, tensor)`` pairs as they come, refusing (``ValueError``) a quantized projector tensor:
+    vLLM would load it as a full-precision weight of the wrong shape."""
     for name, tensor in weights:
         head, _, tail = name.partition(f"{PROJECTOR}.")
         if tail and tail not in PROJECTOR_TENSORS:
