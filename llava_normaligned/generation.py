@@ -330,7 +330,6 @@ def _batches(n: int, batch_size: int) -> Iterator[range]:
         yield range(start, min(start + batch_size, n))
 
 
-@torch.inference_mode()
 def without_image_tags(text: str, *tags: str | None) -> str:
     """Takes typed image tags out of a prompt's text, as the model is given it.
 

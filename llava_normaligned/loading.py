@@ -42,6 +42,7 @@ DEVICE_DEFAULT = "auto"  # the flag's: the first GPU found, else the CPU (load_m
 DTYPE_DEFAULT = "auto"  # as the checkpoint stores them: ``load_model``'s default (``parse_dtype`` reads it as None)
 
 QUANTIZATION_MODES = ("4bit", "8bit")
+QUANT_TYPES = ("nf4", "fp4")  # the 4-bit data types bitsandbytes has
 # The LLaVA family's (stock LLaVA and this package's model): kept in floating point, by full module path, and the
 # module every nn.Linear of which is quantized. Other families: ``anatomy.family_of(config)``.
 KEEP_UNQUANTIZED = tuple(LLAVA.keep_unquantized())
@@ -296,7 +297,8 @@ def quantization_config(
         `transformers.BitsAndBytesConfig`: The config.
 
     Raises:
-        `ValueError`: If `mode` is not `"4bit"` or `"8bit"`.
+        `ValueError`: If `mode` is not `"4bit"` or `"8bit"`, or in 4-bit mode `quant_type` is not one of
+            `QUANT_TYPES`.
     """
     import torch
     from transformers import BitsAndBytesConfig
@@ -304,6 +306,8 @@ def quantization_config(
     compute_dtype = compute_dtype or torch.bfloat16
     skip = list(KEEP_UNQUANTIZED if keep_unquantized is None else keep_unquantized)
     if mode == "4bit":
+        if quant_type not in QUANT_TYPES:
+            raise ValueError(f"quant_type: expected one of {QUANT_TYPES}, got {quant_type!r}")
         return BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=quant_type,
@@ -915,14 +919,17 @@ def load_model(
 
     Raises:
         `SourceNotFound`: A `FileNotFoundError`, for a name that is no folder and no reachable repo.
-        `ValueError`: For an unknown `quantization` or `dtype`, a checkpoint saved in another quantization mode or
-        method, a checkpoint that lacks weights, or a model whose parts this package cannot find.
+        `ValueError`: For an unknown `quantization`, `quant_type` or `dtype`, a checkpoint saved in another
+        quantization mode or method, a checkpoint that lacks weights, or a model whose parts this package cannot
+        find.
         `ImportError`: Without bitsandbytes (quantized) or peft (an adapter).
         `RuntimeError`: For a device this machine does not have or on which bitsandbytes cannot run the mode, or a model
         that is not quantized as asked.
     """
     if quantization is not None and quantization not in QUANTIZATION_MODES:
         raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {quantization!r}")
+    if quant_type not in QUANT_TYPES:
+        raise ValueError(f"quant_type: expected one of {QUANT_TYPES}, got {quant_type!r}")
     check_source(model_name_or_path, revision=revision)  # before the imports: a typo fails at once
     from transformers import AutoModelForImageTextToText
 
@@ -1062,8 +1069,8 @@ class LoadOptions:
     def __post_init__(self):
         if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
             raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {self.quantization!r}")
-        if self.quant_type not in ("nf4", "fp4"):
-            raise ValueError(f"quant_type: expected 'nf4' or 'fp4', got {self.quant_type!r}")
+        if self.quant_type not in QUANT_TYPES:
+            raise ValueError(f"quant_type: expected one of {QUANT_TYPES}, got {self.quant_type!r}")
         if self.trust_remote_code not in (None, True, False):
             raise ValueError(f"trust_remote_code: expected None, True or False, got {self.trust_remote_code!r}")
         _check_dtype_name(self.dtype)
@@ -1130,6 +1137,7 @@ __all__ = [
     "NO_TRUST_REMOTE_CODE_HELP",
     "QUANTIZATION_MODES",
     "QUANTIZED_ROOT",
+    "QUANT_TYPES",
     "TRUST_REMOTE_CODE_DEFAULT",
     "TRUST_REMOTE_CODE_HELP",
     "LoadOptions",

@@ -475,8 +475,19 @@ class TinyVLM:
 
         Returns:
             `str`: `output_dir`, as a string.
+
+        Raises:
+            `ValueError`: Without a processor, for a tokenizer that has no chat template or a `template_file` that is
+                neither `chat_template.jinja` nor `chat_template.json`; nothing is written then.
         """
         out = os.fspath(output_dir)
+        if self.processor is None:
+            if self.template_file not in ("chat_template.jinja", "chat_template.json"):
+                raise ValueError(f"template_file {self.template_file!r}: expected 'chat_template.jinja' or "
+                                 "'chat_template.json'")
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("the tokenizer has no chat template: a VLM folder needs one to format its prompts "
+                                 "(set tokenizer.chat_template)")
         self.model.save_pretrained(out)
         if self.processor is not None:
             self.processor.save_pretrained(out)

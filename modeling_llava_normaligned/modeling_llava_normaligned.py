@@ -95,11 +95,16 @@ def text_embedding_norm_target(
         raise ValueError("text embeddings are on the meta device (not loaded): cannot compute T from them")
     norms = embedding_row_norms(embedding_weight)  # (V,)
     kept = norms > eps
+    excluded = 0
     for token_id in exclude_token_ids or ():
         if token_id is not None and 0 <= int(token_id) < norms.numel():
+            excluded += int(kept[int(token_id)])
             kept[int(token_id)] = False
     if not kept.any():
-        raise ValueError(f"text embeddings: every row has L2 norm <= {eps}; T (paper §5.1) is undefined")
+        why = f"every row has L2 norm <= {eps}" if not excluded else \
+            f"no row is left: {norms.numel() - excluded} row(s) have L2 norm <= {eps} and {excluded} are excluded " \
+            "(exclude_token_ids)"
+        raise ValueError(f"text embeddings: {why}; T (paper §5.1) is undefined")
     return float(norms[kept].mean())
 
 
@@ -478,7 +483,8 @@ class LlavaNormAlignedPreTrainedModel(LlavaPreTrainedModel):
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         source = source if source is None or isinstance(source, str) else str(source)
         named = "the given state_dict" if source is None else f"checkpoint {source!r}"
-        convert = f"convert it with `llava-normaligned convert --from-llava {source} --output-dir OUT`"
+        convert = (f"convert it with `llava-normaligned convert --from-llava {source or 'CHECKPOINT'} --output-dir OUT`"
+                   + ("" if source else " from its folder or Hub id"))
         if model.config.model_type != cls.config_class.model_type:
             raise ValueError(
                 f"{named} is a {model.config.model_type!r} checkpoint, not a "

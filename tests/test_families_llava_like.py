@@ -28,6 +28,7 @@ from llava_normaligned.tiny import (
     save_tiny_vlm,
     tiny_qwen2_config,
     tiny_siglip_config,
+    tiny_vlm,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -406,3 +407,19 @@ def test_decoding_never_emits_a_familys_placeholder_tokens(family_dirs, name):
     # the prompt's ordinary words stay
     words = {i for i in tokenizer("the image shows a cat", add_special_tokens=False)["input_ids"]}
     assert words and not words & suppressed
+
+
+@pytest.mark.parametrize("template_file", ["chat_template.json", "chat_template.jinja"])
+def test_a_tiny_vlm_without_a_chat_template_is_refused_before_anything_is_written(template_file, tmp_path):
+    """``TinyVLM.save`` writes the template beside the tokenizer when the family has no transformers processor; a
+    tokenizer without one was written as a model folder and then failed on ``f.write(None)``."""
+    from dataclasses import replace
+
+    vlm = replace(tiny_vlm("internvl"), template_file=template_file)
+    assert vlm.processor is None  # the path that writes the template itself
+    vlm.tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        vlm.save(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="template_file 'template.txt'"):
+        replace(vlm, template_file="template.txt").save(tmp_path / "out")

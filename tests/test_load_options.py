@@ -128,6 +128,20 @@ def test_from_args_names_the_flag_of_a_bad_value(flags, says):
         LoadOptions("m", quantization="3bit")
 
 
+def test_an_unknown_4bit_data_type_is_refused_before_anything_loads(tmp_path):
+    """``load_model(..., quant_type=...)`` checked it only through ``LoadOptions``: called directly, a typo reached
+    bitsandbytes after the download."""
+    from llava_normaligned.loading import quantization_config
+
+    with pytest.raises(ValueError, match="quant_type: expected one of .*'int4'"):
+        load_model(str(tmp_path / "no-such-model"), quantization="4bit", quant_type="int4")  # before the source
+    with pytest.raises(ValueError, match="quant_type: expected one of .*'int4'"):
+        LoadOptions("m", quantization="4bit", quant_type="int4")
+    with pytest.raises(ValueError, match="quant_type"):
+        quantization_config("4bit", quant_type="int4")
+    assert quantization_config("4bit", quant_type="fp4").bnb_4bit_quant_type == "fp4"
+
+
 def test_load_options_load_a_model(tiny_model_dir):
     import torch
 

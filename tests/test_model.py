@@ -100,6 +100,16 @@ def test_norm_target_rejects_all_zero_embeddings():
         text_embedding_norm_target(torch.zeros(5, 4))
 
 
+def test_norm_target_says_when_the_excluded_rows_left_none():
+    """A vocabulary whose only non-zero rows are excluded (an image token's, say) was told "every row has L2 norm
+    <= eps", which was not so."""
+    weight = torch.zeros(5, 4)
+    weight[2] = 1.0
+    with pytest.raises(ValueError, match=r"no row is left: 4 row\(s\) have L2 norm <= .* and 1 are excluded"):
+        text_embedding_norm_target(weight, exclude_token_ids=[2])
+    assert text_embedding_norm_target(weight) == pytest.approx(2.0)
+
+
 # ------------------------------------------------------------------------------------------------ equivalence
 
 
@@ -381,6 +391,22 @@ def test_stock_llava_checkpoints_are_refused_with_the_convert_hint(tmp_path, see
         model_class.from_pretrained(tmp_path)
     message = str(refused.value)
     assert f"llava-normaligned convert --from-llava {tmp_path} --output-dir OUT" in message and "\n" not in message
+
+
+def test_a_legacy_state_dict_given_without_a_path_gets_a_hint_that_names_no_none(seed):
+    """``from_pretrained(None, config=..., state_dict=...)``: the hint cannot name a folder; it said
+    ``--from-llava None``."""
+    from transformers import LlavaConfig
+
+    common = dict(vision_config=VISION, text_config=TEXT, image_token_index=IMAGE_TOKEN_ID)
+    stock = LlavaForConditionalGeneration(LlavaConfig(**common))
+    state = _legacy_layout({k: v.contiguous() for k, v in stock.state_dict().items()})
+    config = LlavaNormAlignedConfig(norm_target=1.0, **common)
+    with pytest.raises(ValueError, match="legacy key names") as refused:
+        LlavaNormAlignedForConditionalGeneration.from_pretrained(None, config=config, state_dict=state)
+    message = str(refused.value)
+    assert message.startswith("the given state_dict ") and "None" not in message, message
+    assert "--from-llava CHECKPOINT --output-dir OUT` from its folder or Hub id" in message, message
 
 
 # ------------------------------------------------------------------------------------------------ GWC
