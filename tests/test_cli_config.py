@@ -10,17 +10,19 @@ import pytest
 
 from llava_normaligned.cli import main
 from llava_normaligned.commands import COMMANDS, module_name
-
-TRL_PARSED = {"train", "dpo", "grpo", "kto"}  # TrlParser's own --config (tests/test_train_cli.py, test_preference)
+from llava_normaligned.commands.shared import CommandParser
+from llava_normaligned.compat import parser_actions
 
 
 def _parser(name: str):
     return importlib.import_module(module_name(name)).make_parser()
 
 
-@pytest.mark.parametrize("name", sorted(set(COMMANDS) - TRL_PARSED))
-def test_every_command_takes_a_config_file(name):
-    options = [a for a in _parser(name)._actions if a.option_strings]
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_parses_with_the_one_parser_class_and_takes_a_config_file(name):
+    parser = _parser(name)
+    assert isinstance(parser, CommandParser), type(parser).__mro__
+    options = [a for a in parser_actions(parser) if a.option_strings]
     assert any(a.dest == "config" for a in options), name
 
 
@@ -80,3 +82,28 @@ def test_a_config_flag_without_a_file_is_one_line(name, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and err == [f"llava-normaligned {name}: error: --config needs a file (see llava-normaligned "
                                  f"{name} --help)"], err
+
+
+def test_train_reads_a_config_file_as_every_command_does(tmp_path, capsys):
+    """The same reader and the same one-line answers for TRL's dataclass fields: a file's values are the defaults, the
+    command line wins, a later file wins, a key no field has names the file."""
+    from llava_normaligned.commands.train import read_train_args
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("learning_rate: 3.0e-4\nmax_steps: 5\nenv:\n  SOME_SETTING: '1'\n")
+    second.write_text("max-steps: 7\n")
+    required = ["--stage", "1", "--model", "m", "--data-path", "d.json", "--output-dir", "out"]
+    request = read_train_args([*required, "--config", str(first), "--config", str(second), "--learning_rate", "1e-3"])
+    args = request.namespace
+    assert (args.learning_rate, args.max_steps) == (1e-3, 7)
+    assert request.environment == {"SOME_SETTING": "1"} and request.config_files == (str(first), str(second))
+    assert set(request.recipe_keys) == {"learning_rate", "max_steps", "max-steps"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_step: 5\n")
+    try:
+        code = main(["train", *required, "--config", str(bad)])
+    except SystemExit as stop:
+        code = stop.code
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and err == [f"llava-normaligned train: error: --config {bad}: 'max_step' is no option of "
+                                 "llava-normaligned train (see llava-normaligned train --help)"], err

@@ -183,9 +183,11 @@ def test_train_refuses_a_bad_variant_by_its_option(tiny_parts, tmp_path, capsys)
     assert main(_stage1(tiny_parts, tmp_path, "--gradient-compensation-min", "0")) == 2
     assert "--gradient-compensation-min" in capsys.readouterr().err
     recipe = tmp_path / "bad.yaml"
-    recipe.write_text("norm_init: zeros\n")  # a recipe's value skips argparse's choices
-    assert main(_stage1(tiny_parts, tmp_path, "--config", str(recipe))) == 2
-    assert "norm_init must be one of" in capsys.readouterr().err
+    recipe.write_text("norm_init: zeros\n")  # a recipe's value is checked against the choices, naming the file
+    with pytest.raises(SystemExit) as usage_error:
+        main(_stage1(tiny_parts, tmp_path, "--config", str(recipe)))
+    assert usage_error.value.code == 2
+    assert f"--config {recipe}: norm_init: 'zeros' is not one of target, default" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

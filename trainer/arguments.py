@@ -154,7 +154,7 @@ class StageArguments(StageConfig):
             raise ValueError("stage 2 starts from a checkpoint: give --model (stage 1's output folder)")
         if (self.data_path is None) == (self.dataset_name is None):
             raise ValueError("give exactly one of --data-path (LLaVA JSON) and --dataset-name (messages + images)")
-        self.variant()  # a recipe's value is not checked against the choices: a bad one names its option here
+        self.variant()  # a value given in Python skips the parser's choices: a bad one names its option here
 
     def variant(self) -> dict:
         """The ablation options given (``NormVariant.given``: as the model config spells them, ``None`` for

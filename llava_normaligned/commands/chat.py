@@ -2,8 +2,8 @@
 
     llava-normaligned chat ./llava-na-3b [--compare ./llava-stock] [--port 7860]
 
-Loading is ``llava_normaligned.loading``'s (the flags of ``shared.flags.add_load_flags``, read into a ``LoadOptions`` per
-model); the page is ``chat.page``'s. Every argument is checked and every model loaded before the page is served: a
+Loading is ``llava_normaligned.loading``'s (the flags of ``shared.flags.add_load_flags``, read into a ``LoadOptions``
+per model); the page is ``chat.page``'s. Every argument is checked and every model loaded before the page is served: a
 model that cannot be loaded, or a port that is taken, is one line and exit code 2. Gradio is imported only then.
 Ctrl-C, as the served page says, stops the server: ``llava-normaligned chat: stopped``, exit code 0 (``serve``).
 """

@@ -36,6 +36,7 @@ from llava_normaligned.trainer.arguments import (
     build_train_config,
     check_train_inputs,
     earlier_run,
+    resolve_config,
     setup_environment,
 )
 from llava_normaligned.trainer.callbacks import SigtermCheckpoint, Terminated
@@ -44,20 +45,23 @@ from llava_normaligned.trainer.masking import TemplateError
 from llava_normaligned.trainer.sampling import GROUPED_STRATEGIES
 from llava_normaligned.trainer.train import merge_if_asked, prepare_run, refuse_jit_checkpoint, run_stage
 
-from .shared import INTERRUPTED, TERMINATED, OneLineUsageErrors, arguments_accepted, fail, removed_unless_kept
+from .shared import INTERRUPTED, TERMINATED, CommandParser, arguments_accepted, fail, removed_unless_kept
 from .shared.trl_parsers import HelpFormatter, describe_negations, read_request
 from .stops import DiskFull, disk_full_message, stopped_message
 
 logger = logging.getLogger(__name__)
 
 
-class TrainParser(OneLineUsageErrors, TrlParser):
-    """TRL's parser (every SFTConfig and ModelConfig flag, ``--config`` recipes) with one-line usage errors."""
+class TrainParser(CommandParser, TrlParser):
+    """Every command's parser and TRL's at once: every StageArguments, SFTConfig and ModelConfig field a flag, one-line
+    usage errors, ``--config`` files or shipped recipes with their ``env:`` keys."""
 
 
 def make_parser() -> TrlParser:
     parser = TrainParser(
         DATACLASSES,
+        resolve_config=resolve_config,
+        config_environment=True,
         formatter_class=HelpFormatter,
         prog="llava-normaligned train",
         usage="llava-normaligned train --stage {1,2} (--model DIR | --vision-model ID --text-model ID) "
@@ -113,8 +117,7 @@ def _group_own_flags_first(parser) -> None:
 def read_train_args(argv: list[str] | None = None) -> TrainRequest:
     """Parse: argv (and the ``--config`` recipes it names) -> a ``TrainRequest``. Nothing is checked, derived or
     set here but what argparse itself refuses."""
-    return read_request(list(sys.argv[1:] if argv is None else argv), make_parser(),
-                        "a train, SFTConfig or ModelConfig field")
+    return read_request(list(sys.argv[1:] if argv is None else argv), make_parser())
 
 
 def parse_train_args(argv: list[str] | None = None) -> TrainConfig:

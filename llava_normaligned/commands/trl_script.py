@@ -12,7 +12,7 @@ import sys
 from llava_normaligned.checks import BadInput
 from llava_normaligned.loading import register_local_model
 from llava_normaligned.notices import keep_notices_of
-from llava_normaligned.trainer.arguments import earlier_run, setup_environment
+from llava_normaligned.trainer.arguments import earlier_run, resolve_config, setup_environment
 from llava_normaligned.trainer.callbacks import NormTrackingCallback, SigtermCheckpoint, Terminated
 from llava_normaligned.trainer.preference import (
     TRAINERS,
@@ -25,7 +25,7 @@ from llava_normaligned.trainer.preference import (
     trl_script,
 )
 
-from .shared import INTERRUPTED, TERMINATED, OneLineUsageErrors, arguments_accepted, fail, removed_unless_kept
+from .shared import INTERRUPTED, TERMINATED, CommandParser, arguments_accepted, fail, removed_unless_kept
 from .shared.trl_parsers import HelpFormatter, describe_negations, read_request
 from .stops import DiskFull, disk_full_message, stopped_message
 
@@ -34,12 +34,13 @@ def script_parser(kind: str):
     """The parser of ``llava-normaligned KIND``: TRL's script's dataclasses, ``--config``, one-line usage errors."""
     from trl import TrlParser
 
-    class ScriptParser(OneLineUsageErrors, TrlParser):
-        """TRL's parser with one-line usage errors."""
+    class ScriptParser(CommandParser, TrlParser):
+        """Every command's parser and TRL's at once: TRL's script's dataclasses' fields as flags."""
 
     types = trl_script(kind).make_parser().dataclass_types
     parser = ScriptParser(
-        types, formatter_class=HelpFormatter, prog=f"llava-normaligned {kind}",
+        types, resolve_config=resolve_config, config_environment=True, formatter_class=HelpFormatter,
+        prog=f"llava-normaligned {kind}",
         description=f"TRL's `trl {kind}` script, flag for flag (--config RECIPE.yaml too), with the norm tracked "
         "(norm/* in the logs, norm_tracking.json), this package's model classes installed, SIGTERM checkpoints"
         + (" and --reward_funcs exact_answer." if kind == "grpo" else "."),
@@ -52,7 +53,7 @@ def read_script_args(kind: str, argv: list[str]):
     """Parse, as ``train``'s ``read_train_args`` does: argv and its ``--config`` recipes (files, or the names of
     recipes shipped in ``trainer/recipes/``) -> a ``TrainRequest`` (an argparse namespace of every field, the recipes'
     ``env:`` keys, whether ``--bf16`` was on the command line). An unknown flag is a usage error (one line)."""
-    return read_request(list(argv), script_parser(kind), f"a field of `trl {kind}`")
+    return read_request(list(argv), script_parser(kind))
 
 
 def run_script(kind: str, argv: list[str] | None = None) -> int:

@@ -22,14 +22,13 @@ from .errors import INTERRUPTED, TERMINATED, fail
 from .held_output import arguments_accepted, end_hold, hold_library_output
 from .help_cache import HELP_DEPENDS_ON, cached_help, help_cache_dir
 from .output_folders import OutputFolder, removed_unless_kept
-from .parsers import CommandParser, OneLineUsageErrors
+from .parsers import CommandParser
 from .progress import PROGRESS_BAR_SWITCHES, progress_bars_on_terminals_only
 
 __all__ = [
     "CommandParser",
     "HELP_DEPENDS_ON",
     "INTERRUPTED",
-    "OneLineUsageErrors",
     "OutputFolder",
     "PROGRESS_BAR_SWITCHES",
     "TERMINATED",

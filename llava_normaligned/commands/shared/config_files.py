@@ -6,8 +6,6 @@ variables the run sets)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 
 def pop_config_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     """Split ``argv`` into the rest and the ``--config`` values, in order. A ``--config`` with no value is a
@@ -28,17 +26,14 @@ def pop_config_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, configs
 
 
-def read_config_files(paths: list[str], resolve: Callable[[str], str] | None = None,
-                      environment: bool = False) -> tuple[dict, dict[str, str]]:
+def read_config_files(paths: list[str], environment: bool = False) -> tuple[dict, dict[str, str]]:
     """The files' values merged in order (later files win) and, with ``environment``, their ``env:`` keys (for TRL's
-    commands, as TRL's own ``--config`` reads them; otherwise ``env`` is a key like any other). ``resolve`` turns a
-    value into a file (``train``'s shipped recipes). Raises ``ValueError`` naming the file that cannot be read or
-    is not a mapping."""
+    commands, as TRL's own ``--config`` reads them; otherwise ``env`` is a key like any other). Raises ``ValueError``
+    naming the file that cannot be read or is not a mapping."""
     import yaml
 
     merged, env_values = {}, {}
     for path in paths:
-        path = resolve(path) if resolve is not None else path
         try:
             with open(path, encoding="utf-8") as handle:
                 config = yaml.safe_load(handle) or {}

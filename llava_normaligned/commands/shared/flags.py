@@ -84,7 +84,8 @@ def add_norm_flags(parser: argparse.ArgumentParser):
     group.add_argument("--no-gradient-compensation", dest="gradient_compensation", action="store_false",
                        help=f"turn {NORM_OPTION_HELP['gradient_compensation']} off")
     group.add_argument("--gradient-compensation-min", type=float, default=DEFAULT.gradient_compensation_min,
-                       help=f"{NORM_OPTION_HELP['gradient_compensation_min']} (default: {DEFAULT.gradient_compensation_min:g})")
+                       help=f"{NORM_OPTION_HELP['gradient_compensation_min']} "
+                       f"(default: {DEFAULT.gradient_compensation_min:g})")
     return group
 
 

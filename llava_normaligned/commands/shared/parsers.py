@@ -1,9 +1,13 @@
-"""The parser every command builds: ``argparse`` with one-line usage errors and no abbreviated flags."""
+"""The one parser class of every command, ``CommandParser``: ``argparse`` with one-line usage errors, no abbreviated
+flags and ``--config`` files. ``train``, ``dpo``, ``grpo`` and ``kto`` build theirs as this class and TRL's
+``TrlParser`` at once (``class TrainParser(CommandParser, TrlParser)``), so their dataclasses' fields are the flags and
+everything else is alike."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from llava_normaligned.compat import parser_actions
 
@@ -11,40 +15,45 @@ from .config_files import pop_config_flags, read_config_files
 from .held_output import end_hold
 
 
-class OneLineUsageErrors:
-    """For an ``argparse`` parser (put it before the parser class in the bases: ``CommandParser``, and ``train``'s
-    and ``dpo``/``grpo``/``kto``'s ``TrlParser`` subclasses, whose ``HfArgumentParser`` passes its keyword arguments
-    on to ``argparse.ArgumentParser``):
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a command.
 
     - argparse's own usage errors (an unknown flag, a value that is not a number, a missing argument) are one line,
       ``PROG: error: MESSAGE`` and the hint to ``--help``, exit code 2, as every other bad input (``fail``); the usage
       block is left to ``--help``;
     - a flag is only ever its whole name: argparse's abbreviations (``allow_abbrev``) are off, whatever the caller
       passes, so a typo that is a prefix of a flag (``--max_step 2`` for ``--max_steps``) is an unknown flag, not
-      that flag. (argparse still reads ``-xy`` as the single-dash flags ``-x -y``.)"""
+      that flag (argparse still reads ``-xy`` as the single-dash flags ``-x -y``);
+    - ``--config FILE.yaml`` (``config_files``: repeatable, later files win): a YAML mapping of the command's options
+      (a key is the flag without its dashes, ``-`` or ``_`` alike: ``max-new-tokens`` or ``max_new_tokens``), read as
+      the defaults, which the command line overrides. A key that is no option of the command, a value it does not
+      take, or a positional argument, is a usage error naming the file.
 
-    def __init__(self, *args, **kwargs):
+    ``resolve_config`` turns a ``--config`` value into a file (``train``'s shipped recipes); ``config_environment``:
+    a file's ``env:`` mapping holds environment variables for the run to set (TRL's commands), not an option. What the
+    files gave is kept after parsing: ``config_files``, ``config_keys``, ``config_env``.
+    """
+
+    def __init__(self, *args, resolve_config: Callable[[str], str] | None = None, config_environment: bool = False,
+                 **kwargs):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+        self.resolve_config = resolve_config
+        self.config_environment = config_environment
+        self.config_files: tuple[str, ...] = ()
+        self.config_keys: tuple[str, ...] = ()
+        self.config_env: dict[str, str] = {}
+        shipped = ", or the name of a recipe shipped in trainer/recipes/" if resolve_config is not None else ""
+        environment = "; its env: mapping sets environment variables" if config_environment else ""
+        self.add_argument("--config", metavar="FILE.yaml", default=None,
+                          help=f"a YAML file of this command's options (flag names without the dashes){shipped}, read "
+                          f"before the command line, which overrides it; repeatable, later files win{environment} "
+                          "(default: none)")
 
     def error(self, message: str):
         end_hold(keep=False)
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
-
-
-class CommandParser(OneLineUsageErrors, argparse.ArgumentParser):
-    """The parser of a command: ``argparse.ArgumentParser`` with one-line usage errors, no abbreviated flags, and
-    ``--config FILE.yaml`` read as ``train``'s and TRL's commands read theirs (``config_files``: repeatable, later
-    files win): a YAML mapping of the command's options (a key is the flag without its dashes, ``-`` or ``_`` alike:
-    ``max-new-tokens`` or ``max_new_tokens``), read as the defaults, which the command line overrides. A key that is
-    no option of the command, or a positional argument, is a usage error naming the file."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.add_argument("--config", metavar="FILE.yaml", default=None,
-                          help="a YAML file of this command's options (flag names without the dashes) read before "
-                          "the command line, which overrides it; repeatable, later files win (default: none)")
 
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
@@ -52,15 +61,21 @@ class CommandParser(OneLineUsageErrors, argparse.ArgumentParser):
             argv, paths = pop_config_flags(argv)
         except ValueError as error:
             self.error(str(error))
+        keys, environment = set(), {}
         for path in paths:  # in order: a later file's value wins
-            self._use_config(path)
+            try:
+                path = self.resolve_config(path) if self.resolve_config is not None else path
+                values, env = read_config_files([path], environment=self.config_environment)
+            except (OSError, ValueError) as error:
+                self.error(str(error))
+            self._use_config(path, values)
+            keys |= set(values)
+            environment.update(env)
+        if paths:
+            self.config_files, self.config_keys, self.config_env = tuple(paths), tuple(sorted(keys)), environment
         return super().parse_known_args(argv, namespace)
 
-    def _use_config(self, path: str) -> None:
-        try:
-            values, _ = read_config_files([path])
-        except ValueError as error:
-            self.error(str(error))
+    def _use_config(self, path: str, values: dict) -> None:
         options = {}
         for action in parser_actions(self):
             if action.option_strings and action.dest not in ("help", "config"):

@@ -1,21 +1,21 @@
 """What the commands that parse TRL's dataclasses share (``train``, and ``dpo``/``grpo``/``kto``): the help formatter,
-the ``--no_X`` twins' help, and the one reader of their ``--config`` recipes (``read_request``).
+the ``--no_X`` twins' help, and the ``TrainRequest`` their parse gives (``read_request``).
 
-TRL's ``TrlParser`` (transformers' ``HfArgumentParser``) reads every field of the dataclasses, so every ``SFTConfig``
-flag works (``--per_device_train_batch_size 4`` or ``--per-device-train-batch-size 4``); YAML recipes set defaults
-(``--config recipe.yaml``; several ``--config`` files merge in order, later ones win; a value may name a recipe
-shipped in ``trainer/recipes/``), and command-line flags override them.
+Their parser is every command's ``CommandParser`` and TRL's ``TrlParser`` (transformers' ``HfArgumentParser``) at
+once: every field of the dataclasses is a flag (``--per_device_train_batch_size 4`` or
+``--per-device-train-batch-size 4``); YAML recipes set defaults (``--config recipe.yaml``; several merge in order,
+later ones win; a value may name a recipe shipped in ``trainer/recipes/``; a recipe's ``env:`` keys are set by
+``trainer.arguments.setup_environment``), and command-line flags override them.
 """
 
 from __future__ import annotations
 
 import re
 
-from llava_normaligned.checks import BadInput
 from llava_normaligned.compat import DefaultsHelpFormatter, is_store_false, parser_actions
-from llava_normaligned.trainer.arguments import TrainRequest, resolve_config
+from llava_normaligned.trainer.arguments import TrainRequest
 
-from .config_files import pop_config_flags, read_config_files
+from .parsers import CommandParser
 
 
 class HelpFormatter(DefaultsHelpFormatter):
@@ -41,26 +41,16 @@ def describe_negations(parser) -> None:
             action.help = f"turn --{action.dest} off (the same as --{action.dest} False)"
 
 
-def read_request(argv: list[str], parser, fields: str) -> TrainRequest:
-    """argv and the ``--config`` recipes it names (files, or the names of shipped recipes), parsed by ``parser`` (a
-    ``TrlParser``) -> a ``TrainRequest``: the one reader of ``--config`` files for ``train`` and the commands that
-    mirror TRL's scripts. ``fields``: what a recipe's keys must be, for the error naming one that is not."""
-    try:
-        argv, config_files = pop_config_flags(argv)
-    except ValueError as error:  # a usage error, as every command's parser reports one
-        parser.error(str(error))
-    environment, values = {}, {}
-    if config_files:
-        values, environment = read_config_files(config_files, resolve=resolve_config, environment=True)
-        unused = parser.set_defaults_with_config(**values)
-        if unused:
-            raise BadInput(f"--config: unknown arguments {unused} (not {fields})")
+def read_request(argv: list[str], parser: CommandParser) -> TrainRequest:
+    """argv parsed by ``parser`` (a ``CommandParser`` that is a ``TrlParser`` too, reading ``--config`` files or
+    shipped recipes with their ``env:`` keys) -> a ``TrainRequest``: what the command line and the recipes say, before
+    anything is derived. Nothing left over: an argument no field takes is a usage error."""
     namespace, remaining = parser.parse_known_args(argv)
     if remaining:
         parser.error(f"unrecognized arguments: {' '.join(remaining)}")
-    return TrainRequest(namespace, tuple(config_files), environment,
+    return TrainRequest(namespace, parser.config_files, dict(parser.config_env),
                         bf16_asked=any(arg == "--bf16" or arg.startswith("--bf16=") for arg in argv),
-                        recipe_keys=tuple(sorted(values)))
+                        recipe_keys=parser.config_keys)
 
 
 __all__ = ["HelpFormatter", "describe_negations", "read_request"]
