@@ -284,11 +284,6 @@ def save_tiny_parts(
 
 # The families ``align`` supports, by ``model_type``: one tiny model each.
 TINY_VLM_FAMILIES = SUPPORTED_MODEL_TYPES
-# Those whose transformers processor ``train`` can build without torchvision (Qwen2/2.5/3-VL's without its video
-# part, SmolVLM's images through Idefics3's class; Mistral3's imports it: ``train`` stops in one line where it is not
-# installed; ``align`` and ``diagnose`` take every family).
-TRAINS_WITHOUT_TORCHVISION = ("idefics3", "llava_next", "llava_onevision", "gemma3", "internvl", "qwen2_vl",
-                              "qwen2_5_vl", "qwen3_vl", "smolvlm")
 
 _QWEN_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                 "<|video_pad|>"]
@@ -707,7 +702,7 @@ def save_tiny_vlm(family: str, output_dir: str | os.PathLike, seed: int = 0) -> 
     tokenizer with a chat template, image processor, processor config.
 
     This is the folder `llava-normaligned align` takes; `train` builds the processor of the families in
-    `TRAINS_WITHOUT_TORCHVISION` without torchvision.
+    `families.processors.TRAINS_WITHOUT_TORCHVISION` without torchvision.
 
     Args:
         family (`str`):

@@ -23,7 +23,8 @@ import torch
 from safetensors.torch import load_file
 
 from llava_normaligned.commands.tiny import main
-from llava_normaligned.tiny import TINY_VLM_FAMILIES, TRAINS_WITHOUT_TORCHVISION
+from llava_normaligned.families.processors import TRAINS_WITHOUT_TORCHVISION
+from llava_normaligned.tiny import TINY_VLM_FAMILIES
 
 DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "align.md")
 HEADING = "## Offline, with nothing downloaded"

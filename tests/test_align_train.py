@@ -19,8 +19,9 @@ from safetensors.torch import load_file
 
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.families.anatomy import ALIGNED_NORM_NAME, anatomy_of, family_of
+from llava_normaligned.families.processors import TRAINS_WITHOUT_TORCHVISION
 from llava_normaligned.loading import load_model
-from llava_normaligned.tiny import TRAINS_WITHOUT_TORCHVISION, save_tiny_vlm
+from llava_normaligned.tiny import save_tiny_vlm
 from tests.support.hub_data import write_hub_parquet
 from tests.support.isolation import run_isolated
 from tests.support.training import write_llava_dataset
@@ -324,7 +325,8 @@ import json, os, sys
 import torch, torch.distributed as dist
 from trl import SFTConfig
 from llava_normaligned.loading import load_model
-from llava_normaligned.tiny import TRAINS_WITHOUT_TORCHVISION, save_tiny_vlm
+from llava_normaligned.families.processors import TRAINS_WITHOUT_TORCHVISION
+from llava_normaligned.tiny import save_tiny_vlm
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.train import StageConfig, shared_image_checker, train_stage
 

@@ -139,3 +139,21 @@ def test_the_help_check_catches_what_it_is_for():
     assert any(p.startswith("--rate: two defaults") for p in problems)
     assert any("--no_skip" in p and "the same help as --skip" in p for p in problems)
     assert any(p.startswith("--steps") and p.endswith("no help") for p in problems)
+
+
+# the commands whose arguments are checked before torch is imported: a bad flag or --help is a fraction of a second
+# (`python .ci/command_times.py`); the others need their libraries for their parsers' choices (demo's variants, TRL's
+# dataclasses, eval's tasks) and the help cache answers their --help
+LIGHT = ("make-data", "rl-data", "compose", "align", "convert", "tiny", "generate", "chat", "diagnose", "card", "push",
+         "pull")
+
+
+def test_the_light_commands_parse_without_torch():
+    code = ("import sys, importlib\n"
+            "from llava_normaligned.commands import module_name\n"
+            f"for name in {LIGHT!r}:\n"
+            "    importlib.import_module(module_name(name)).make_parser().format_help()\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         stdin=subprocess.DEVNULL)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 from llava_normaligned.cli import main as cli_main
 from llava_normaligned.compat import fused_head_compacted_on_cpu
+from llava_normaligned.families.processors import TRAINS_WITHOUT_TORCHVISION
 from llava_normaligned.loading import load_model
-from llava_normaligned.tiny import TRAINS_WITHOUT_TORCHVISION, save_tiny_vlm
+from llava_normaligned.tiny import save_tiny_vlm
 from modeling_llava_normaligned import LlavaNormAlignedForConditionalGeneration
 from modeling_llava_normaligned.modeling_llava_normaligned import labelled_positions_loss
 from tests.support.training import write_llava_dataset

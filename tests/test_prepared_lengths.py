@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from llava_normaligned.families.anatomy import anatomy_of
+from llava_normaligned.families.processors import TRAINS_WITHOUT_TORCHVISION
 from llava_normaligned.loading import load_model
-from llava_normaligned.tiny import TRAINS_WITHOUT_TORCHVISION, save_tiny_vlm
+from llava_normaligned.tiny import save_tiny_vlm
 from llava_normaligned.trainer.collator import LlavaTrainingCollator
 from llava_normaligned.trainer.data import load_llava_json
 from llava_normaligned.trainer.preprocess import prepare_dataset

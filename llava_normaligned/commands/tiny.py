@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 
+from llava_normaligned.align import SUPPORTED_MODEL_TYPES as TINY_VLM_FAMILIES  # tiny.TINY_VLM_FAMILIES, unimported
 from llava_normaligned.checks import SEED, BadInput, check_number, check_output_folder
+from llava_normaligned.families.processors import TRAINS_WITHOUT_TORCHVISION
 from llava_normaligned.notices import quiet_known_notices
-from llava_normaligned.tiny import TINY_VLM_FAMILIES, TRAINS_WITHOUT_TORCHVISION, tiny_vlm
 
 from .shared import CommandParser, arguments_accepted, fail
 
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail("tiny", error)
     arguments_accepted()
     from transformers.utils import logging as transformers_logging
+
+    from llava_normaligned.tiny import tiny_vlm  # torch and transformers: once the arguments are checked
 
     transformers_logging.disable_progress_bar()  # "Writing model shards": one shard of a few hundred kB
     quiet_known_notices()  # DeepSpeed's "Setting accelerator to CPU", when save_pretrained imports it

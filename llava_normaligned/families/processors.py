@@ -29,6 +29,13 @@ from collections.abc import Callable
 
 from .anatomy import family_of
 
+# Those whose transformers processor ``train`` can build without torchvision (Qwen2/2.5/3-VL's without its video
+# part, SmolVLM's images through Idefics3's class; Mistral3's imports it: ``train`` stops in one line where it is not
+# installed; ``align`` and ``diagnose`` take every family).
+TRAINS_WITHOUT_TORCHVISION = ("idefics3", "llava_next", "llava_onevision", "gemma3", "internvl", "qwen2_vl",
+                              "qwen2_5_vl", "qwen3_vl", "smolvlm")
+
+
 BUILDERS: dict[str, Callable] = {}  # Family.name -> its processor builder
 AUTO_FIRST: set[str] = set()  # families whose builder is used only when AutoProcessor cannot load the folder
 
@@ -467,4 +474,5 @@ def mistral3(name: str, config=None, revision: str | None = None, trust_remote_c
 
 
 __all__ = ["AUTO_FIRST", "BUILDERS", "ExpandingProcessor", "PixtralLayoutProcessor", "ProcessorUnavailable",
-           "build_idefics3", "build_qwen_vl", "load_processor", "register", "without_video"]
+           "TRAINS_WITHOUT_TORCHVISION", "build_idefics3", "build_qwen_vl", "load_processor", "register",
+           "without_video"]
