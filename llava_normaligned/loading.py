@@ -1079,7 +1079,7 @@ class LoadOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, source: str | None = None, **overrides) -> LoadOptions:
-        """Builds the options from the flags of `commands/shared/flags.add_load_flags`.
+        """Builds the options from the loading options of `commands/shared/flags.py`.
 
         A flag the command does not have keeps its default.
 

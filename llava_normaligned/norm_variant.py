@@ -111,7 +111,8 @@ class NormVariant:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> NormVariant:
-        """Reads the options of a parser that `commands/shared/flags.add_norm_flags` built (`compose`, `convert`, `align`).
+        """Reads the norm options of a command's parsed options (`commands/shared/flags.NormOptions`: `compose`,
+        `convert`, `align`).
 
         Args:
             args (`argparse.Namespace`):
@@ -204,7 +205,7 @@ class NormVariant:
         return f"projector_norm={self.projector_norm} norm_init={self.norm_init} GWC={gwc}"
 
 
-DEFAULT = NormVariant()  # the paper's method; the flags' defaults (commands/shared/flags.add_norm_flags)
+DEFAULT = NormVariant()  # the paper's method; the flags' defaults (commands/shared/flags.NormOptions)
 
 # What each option does, as every command's --help and train's fields say it.
 NORM_OPTION_HELP = {

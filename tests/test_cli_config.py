@@ -107,3 +107,39 @@ def test_train_reads_a_config_file_as_every_command_does(tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and err == [f"llava-normaligned train: error: --config {bad}: 'max_step' is no option of "
                                  "llava-normaligned train (see llava-normaligned train --help)"], err
+
+
+TRL_DATACLASSES = {"train", "dpo", "grpo", "kto"}  # their options are TRL's dataclasses (and StageArguments)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_command_s_options_are_dataclasses_read_once(name):
+    """A command's options are one frozen dataclass (``option`` fields: the flags are built from it), or for train
+    and TRL's commands the dataclasses TrlParser builds them from; ``main`` reads them into it once."""
+    import dataclasses
+    import inspect
+
+    parser = _parser(name)
+    dests = {a.dest for a in parser_actions(parser) if a.dest not in ("help", "config")}
+    if name in TRL_DATACLASSES:
+        fields = {f.name for cls in parser.dataclass_types for f in dataclasses.fields(cls) if f.init}
+        assert dests == fields, dests ^ fields
+        return
+    cls = parser.config_class
+    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
+    assert dests == {f.name for f in dataclasses.fields(cls)}, dests ^ {f.name for f in dataclasses.fields(cls)}
+    module = importlib.import_module(module_name(name))
+    assert "parse_config(argv)" in inspect.getsource(module.main), name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config = parser.parse_config(_minimal_argv(name))
+        setattr(config, next(iter(dests)), None)
+
+
+def _minimal_argv(name: str) -> list[str]:
+    """Arguments each command parses (what it then checks is not this test's)."""
+    return {"align": ["M", "--output-dir", "o"], "card": ["F"], "chat": ["M"], "compose": [
+        "--vision-model", "v", "--text-model", "t", "--output-dir", "o"], "convert": ["--from-llava", "m",
+        "--output-dir", "o"], "demo": ["--output-dir", "o"], "diagnose": ["M"], "eval": [], "generate": ["M"],
+        "make-data": ["--output-dir", "o"], "pull": ["a/b"], "push": ["F", "--repo-id", "a/b"],
+        "rl-data": ["--data-path", "d.json", "--format", "dpo", "--output-dir", "o"],
+        "tiny": ["--family", "idefics3", "--output-dir", "o"]}[name]

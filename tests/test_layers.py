@@ -96,7 +96,7 @@ def test_the_copy_is_what_python_imports(tree):
         ("llava_normaligned/families/anatomy.py", "from llava_normaligned import checks", "layers"),  # families -> core
         ("llava_normaligned/commands/shared/errors.py", "from llava_normaligned import cli", "layers"),  # commands -> cli
         ("llava_normaligned/loading.py", "from llava_normaligned.commands.shared import fail", "layers"),  # core -> commands
-        ("llava_normaligned/diagnostics/runner.py", "from llava_normaligned.commands.shared.flags import add_load_flags",
+        ("llava_normaligned/diagnostics/runner.py", "from llava_normaligned.commands.shared.flags import device_option",
          "layers"),  # an application -> what the commands share
         ("llava_normaligned/trainer/train.py", "from llava_normaligned.commands import train", "layers"),  # library -> a command
         ("llava_normaligned/demo/run.py", "from llava_normaligned.commands import demo", "layers"),  # the demo -> its command

@@ -1,5 +1,6 @@
 """How a model is loaded, said once: ``LoadOptions`` (what ``load_model`` takes), the one flag group every command
-that loads a model has (``add_load_flags``: the same spellings, defaults and meaning in each), and ``train``'s
+that loads a model has (the loading group of ``commands/shared/flags.py``: the same spellings, defaults and meaning
+in each), and ``train``'s
 configuration, built once (parse, environment set-up, validate and derive) and then only read."""
 
 from __future__ import annotations

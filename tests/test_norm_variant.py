@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from llava_normaligned.commands.shared.flags import add_norm_flags
+from llava_normaligned.commands.shared.flags import NormOptions
 from llava_normaligned.norm_variant import NORM_FIELDS, NormVariant
 from modeling_llava_normaligned import LlavaNormAlignedConfig
 from modeling_llava_normaligned.configuration_llava_normaligned import NORM_INITS, PROJECTOR_NORMS
@@ -116,12 +116,14 @@ def test_a_variant_with_a_norm_reports_every_option():
 
 
 def test_compose_and_convert_flags_parse_into_a_variant():
-    parser = argparse.ArgumentParser()
-    add_norm_flags(parser)
-    assert NormVariant.from_args(parser.parse_args([])) == NormVariant()
+    from llava_normaligned.commands.shared import CommandParser
+
+    parser = CommandParser(config_class=NormOptions)
+    assert NormVariant.from_args(parser.parse_config([])) == NormVariant()
     args = parser.parse_args(["--projector-norm", "none", "--norm-init", "default", "--no-gradient-compensation",
                               "--gradient-compensation-min", "0.25"])
     assert NormVariant.from_args(args) == NormVariant(None, "default", False, 0.25)
+    assert NormVariant.from_args(parser.parse_config(["--projector-norm", "none"])) == NormVariant(None)
 
 
 def test_compose_convert_and_train_offer_the_same_options():

@@ -6,35 +6,41 @@
 
 from __future__ import annotations
 
-import argparse
 import os
+from dataclasses import dataclass
 
 from llava_normaligned.align import align, processor_source, save_aligned, supported
 from llava_normaligned.checks import POSITIVE, BadInput, check_number, check_output_folder
 from llava_normaligned.loading import looks_like_path
 from llava_normaligned.norm_variant import NormVariant
 
-from .shared import CommandParser, arguments_accepted, fail
-from .shared.flags import add_norm_flags, add_trust_remote_code_flags, dtype_argument
+from .shared import CommandParser, arguments_accepted, fail, option
+from .shared.flags import NormOptions, dtype_argument, trust_remote_code_option
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class AlignConfig(NormOptions):
+    """``align``'s options: the stock model, where to write, how to load it, the norm's options."""
+
+    model: str = option(metavar="MODEL", help="Hub id or folder of the stock model")
+    output_dir: str = option("--output-dir", required=True, help="new or empty folder to write the aligned model to")
+    revision: str | None = option("--revision", default=None,
+                                  help="branch, tag or commit of MODEL on the Hub (default: main)")
+    dtype: str | None = option("--dtype", type=dtype_argument, default=None,
+                               help="dtype to load and save in: bfloat16, float16, float32 (default: as stored)")
+    trust_remote_code: bool | None = trust_remote_code_option()
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=AlignConfig,
         prog="llava-normaligned align",
         description="Put the paper's aligned LayerNorm (gain T/sqrt(D), GWC) into a saved vision-language model "
         f"where its connector's output enters the LLM. Families: {supported()}. See docs/align.md.",
     )
-    parser.add_argument("model", metavar="MODEL", help="Hub id or folder of the stock model")
-    parser.add_argument("--output-dir", required=True, help="new or empty folder to write the aligned model to")
-    parser.add_argument("--revision", default=None, help="branch, tag or commit of MODEL on the Hub (default: main)")
-    parser.add_argument("--dtype", type=dtype_argument, default=None,
-                        help="dtype to load and save in: bfloat16, float16, float32 (default: as stored)")
-    add_trust_remote_code_flags(parser)
-    add_norm_flags(parser)
-    return parser
 
 
-def _check_align_arguments(args) -> NormVariant:
+def _check_align_arguments(args: AlignConfig) -> NormVariant:
     check_number("--gradient-compensation-min", args.gradient_compensation_min, POSITIVE)
     check_output_folder("--output-dir", args.output_dir, empty=True)
     variant = NormVariant.from_args(args)
@@ -46,7 +52,7 @@ def _check_align_arguments(args) -> NormVariant:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_config(argv)
     try:
         variant = _check_align_arguments(args)
         arguments_accepted()
@@ -71,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "make_parser"]
+__all__ = ["AlignConfig", "main", "make_parser"]

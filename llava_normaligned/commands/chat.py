@@ -2,51 +2,69 @@
 
     llava-normaligned chat ./llava-na-3b [--compare ./llava-stock] [--port 7860]
 
-Loading is ``llava_normaligned.loading``'s (the flags of ``shared.flags.add_load_flags``, read into a ``LoadOptions``
-per model); the page is ``chat.page``'s. Every argument is checked and every model loaded before the page is served: a
-model that cannot be loaded, or a port that is taken, is one line and exit code 2. Gradio is imported only then.
-Ctrl-C, as the served page says, stops the server: ``llava-normaligned chat: stopped``, exit code 0 (``serve``).
+Loading is ``llava_normaligned.loading``'s (the options of ``shared.flags``' loading group, read into a
+``LoadOptions`` per model); the page is ``chat.page``'s. Every argument is checked and every model loaded before the
+page is served: a model that cannot be loaded, or a port that is taken, is one line and exit code 2. Gradio is
+imported only then. Ctrl-C, as the served page says, stops the server: ``llava-normaligned chat: stopped``, exit
+code 0 (``serve``).
 """
 
 from __future__ import annotations
 
-import argparse
 import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 
 from llava_normaligned.checks import POSITIVE_COUNT, BadInput, NumberRule, check_numbers
 from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
 
-from .shared import TERMINATED, CommandParser, arguments_accepted, fail
-from .shared.flags import add_load_flags
+from .shared import TERMINATED, CommandParser, arguments_accepted, fail, option
+from .shared.flags import (
+    LOADING,
+    attn_implementation_option,
+    device_option,
+    dtype_option,
+    quantization_option,
+    revision_option,
+    trust_remote_code_option,
+)
 
 DEFAULT_PORT = 7860
 DTYPE_ON_CPU = "float32"
 NUMBERS = {"port": NumberRule(low=1, high=65535), "max_new_tokens": POSITIVE_COUNT}
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class ChatConfig:
+    """``chat``'s options: the model (and one to compare), where to serve, decoding, how to load the models."""
+
+    model: str = option(help="folder or Hub repo id of a norm-aligned, stock or aligned VLM")
+    compare: str | None = option("--compare", metavar="MODEL2", default=None,
+                                 help="a second model answered and measured beside MODEL (e.g. stock against aligned)")
+    host: str = option("--host", default="127.0.0.1",
+                       help="address to serve on (default 127.0.0.1: this machine only; no share links)")
+    port: int = option("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
+    max_new_tokens: int = option("--max-new-tokens", type=int, default=256,
+                                 help="tokens generated at most per answer (default 256)")
+    revision: str | None = revision_option()
+    device: str = device_option()
+    dtype: str | None = dtype_option(None, f"{DTYPE_ON_CPU} on the CPU, as stored on an accelerator")
+    trust_remote_code: bool | None = trust_remote_code_option(LOADING)
+    quantization: str | None = quantization_option()
+    attn_implementation: str | None = attn_implementation_option()
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=ChatConfig,
         prog="llava-normaligned chat",
         description="Serve a local web page (Gradio) that answers questions about an uploaded image, streamed token "
         "by token, and shows the image's vision/text norm ratio at the LLM input and its per-layer norms and "
         "cosines; --compare shows a second model beside it. The answer is also an API endpoint, /answer "
         "(gradio_client). See docs/chat.md.",
     )
-    parser.add_argument("model", help="folder or Hub repo id of a norm-aligned, stock or aligned VLM")
-    parser.add_argument("--compare", metavar="MODEL2", default=None,
-                        help="a second model answered and measured beside MODEL (e.g. stock against aligned)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to serve on (default 127.0.0.1: this machine only; no share links)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
-    parser.add_argument("--max-new-tokens", type=int, default=256,
-                        help="tokens generated at most per answer (default 256)")
-    # this command's own default: float32 on the CPU
-    add_load_flags(parser, dtype_default=None, dtype_said=f"{DTYPE_ON_CPU} on the CPU, as stored on an accelerator")
-    return parser
-
 
 def _check_port(host: str, port: int) -> None:
     """The address can be served on: a port another program holds fails here, before any model loads."""
@@ -130,7 +148,7 @@ def serve(models, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_config(argv)
     try:
         check_numbers(args, NUMBERS)
         check_source(args.model, revision=args.revision)  # first: a mistyped model fails before anything loads
@@ -143,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail("chat", error)
     arguments_accepted()
     models = []
-    for option in options:
+    for load in options:
         try:
-            models.append(load_chat_model(option))
+            models.append(load_chat_model(load))
         except Exception as error:  # noqa: BLE001 - whatever stops a model from loading: one line, nothing served
-            return fail("chat", f"cannot load {option.source}: {error}")
+            return fail("chat", f"cannot load {load.source}: {error}")
     serve(models, args)
     return 0

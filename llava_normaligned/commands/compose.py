@@ -7,46 +7,52 @@
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
 from llava_normaligned.checks import POSITIVE, check_number, check_output_folder
 from llava_normaligned.compose import compose, save
 from llava_normaligned.families.anatomy import anatomy_of
 from llava_normaligned.norm_variant import NormVariant
 
-from .shared import CommandParser, arguments_accepted, fail, removed_unless_kept
-from .shared.flags import add_norm_flags, add_trust_remote_code_flags, dtype_argument
+from .shared import CommandParser, arguments_accepted, fail, option, removed_unless_kept
+from .shared.flags import NormOptions, dtype_argument, trust_remote_code_option
 
 
-def add_build_options(parser: argparse.ArgumentParser) -> None:
-    """compose / convert: the projector norm's flags (``shared.flags.add_norm_flags``), --dtype and --output-dir."""
-    add_norm_flags(parser)
-    parser.add_argument(
-        "--dtype", type=dtype_argument, default=None,
-        help="dtype to build and save in: bfloat16, float16, float32 (default: the language model's)",
-    )
-    parser.add_argument("--output-dir", required=True, help="folder to write the model and processor to")
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions(NormOptions):
+    """What ``compose`` and ``convert`` share: the projector norm's options, --dtype and --output-dir."""
+
+    dtype: str | None = option("--dtype", type=dtype_argument, default=None,
+                               help="dtype to build and save in: bfloat16, float16, float32 (default: the language "
+                               "model's)")
+    output_dir: str = option("--output-dir", required=True, help="folder to write the model and processor to")
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class ComposeConfig(BuildOptions):
+    """``compose``'s options: the two pretrained parts and how to read them, then ``BuildOptions``."""
+
+    vision_model: str = option("--vision-model", required=True, help="Hub id or folder of the vision encoder")
+    text_model: str = option("--text-model", required=True, help="Hub id or folder of the causal LM")
+    vision_revision: str | None = option("--vision-revision", default=None,
+                                         help="branch, tag or commit of --vision-model on the Hub (default: main)")
+    text_revision: str | None = option("--text-revision", default=None,
+                                       help="branch, tag or commit of --text-model on the Hub (default: main)")
+    vision_feature_layer: int = option("--vision-feature-layer", type=int, default=-2,
+                                       help="default -2 (LLaVA-1.5)")
+    trust_remote_code: bool | None = trust_remote_code_option()
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=ComposeConfig,
         prog="llava-normaligned compose",
         description="Build a norm-aligned LLaVA from a vision encoder (SigLIP, SigLIP2, CLIP) and a causal LM "
         "(Llama, Qwen2/2.5/3, SmolLM), with the pretrained weights of both.",
     )
-    parser.add_argument("--vision-model", required=True, help="Hub id or folder of the vision encoder")
-    parser.add_argument("--text-model", required=True, help="Hub id or folder of the causal LM")
-    parser.add_argument("--vision-revision", default=None,
-                        help="branch, tag or commit of --vision-model on the Hub (default: main)")
-    parser.add_argument("--text-revision", default=None,
-                        help="branch, tag or commit of --text-model on the Hub (default: main)")
-    parser.add_argument("--vision-feature-layer", type=int, default=-2, help="default -2 (LLaVA-1.5)")
-    add_trust_remote_code_flags(parser)
-    add_build_options(parser)
-    return parser
 
 
-def check_build_arguments(args) -> None:
+def check_build_arguments(args: BuildOptions) -> None:
     """compose / convert: the number options and --output-dir (new or empty: the model's files would mix with what
     is there), before any model is read."""
     check_number("--gradient-compensation-min", args.gradient_compensation_min, POSITIVE)
@@ -60,7 +66,7 @@ def save_new(model, processor, output_dir: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_config(argv)
     try:
         check_build_arguments(args)
         arguments_accepted()
@@ -95,4 +101,4 @@ def report_built(model, output_dir: str) -> None:
     )
 
 
-__all__ = ["check_build_arguments", "main", "make_parser", "report_built", "save_new"]
+__all__ = ["BuildOptions", "ComposeConfig", "check_build_arguments", "main", "make_parser", "report_built", "save_new"]

@@ -6,29 +6,34 @@
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
 from llava_normaligned.compose import convert_from_llava
 from llava_normaligned.norm_variant import NormVariant
 
-from .compose import add_build_options, check_build_arguments, report_built, save_new
-from .shared import CommandParser, arguments_accepted, fail
+from .compose import BuildOptions, check_build_arguments, report_built, save_new
+from .shared import CommandParser, arguments_accepted, fail, option
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class ConvertConfig(BuildOptions):
+    """``convert``'s options: the stock checkpoint, then ``compose``'s ``BuildOptions``."""
+
+    from_llava: str = option("--from-llava", required=True, help="Hub id or folder of a stock LLaVA checkpoint")
+    revision: str | None = option("--revision", default=None,
+                                  help="branch, tag or commit of --from-llava on the Hub (default: main)")
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=ConvertConfig,
         prog="llava-normaligned convert",
         description="Turn a stock LlavaForConditionalGeneration checkpoint into a norm-aligned one.",
     )
-    parser.add_argument("--from-llava", required=True, help="Hub id or folder of a stock LLaVA checkpoint")
-    parser.add_argument("--revision", default=None,
-                        help="branch, tag or commit of --from-llava on the Hub (default: main)")
-    add_build_options(parser)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_config(argv)
     try:
         check_build_arguments(args)
         arguments_accepted()
@@ -42,4 +47,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "make_parser"]
+__all__ = ["ConvertConfig", "main", "make_parser"]

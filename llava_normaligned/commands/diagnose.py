@@ -4,13 +4,14 @@ flags become a ``DiagnoseConfig`` and the run is ``llava_normaligned.diagnostics
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from llava_normaligned.checks import BadInput, check_numbers, check_output_folder
 from llava_normaligned.diagnostics.config import DEFAULT_ALPHAS, NUMBERS, DiagnoseConfig, DiagnosticsError
 from llava_normaligned.loading import LoadOptions
 
-from .shared import CommandParser, arguments_accepted, fail
-from .shared.flags import add_load_flags
+from .shared import CommandParser, arguments_accepted, fail, option
+from .shared.flags import LOADING, device_option, dtype_option, revision_option, trust_remote_code_option
 
 
 def _alphas(text: str) -> tuple[float, ...]:
@@ -20,42 +21,61 @@ def _alphas(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"--alphas: expected comma-separated numbers, got {text!r}") from None
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+MEASUREMENT, OUTPUT = "measurement", "output"  # the --help sections
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagnoseOptions:
+    """``diagnose``'s options, read into the library's ``DiagnoseConfig`` (and ``LoadOptions``) by ``main``."""
+
+    model: str = option(help="Hub id or folder of the model to diagnose")
+    baseline: str | None = option("--baseline", default=None,
+                                  help="a second model run on the same inputs, drawn beside it")
+    images: str | None = option("--images", default=None, help="a folder of images (default: the package's scenes)")
+    prompts: str | None = option("--prompts", default=None,
+                                 help="a text file, one prompt per line (default: the package's)")
+    output_dir: str | None = option("--output-dir", default=None,
+                                    help="where to write the outputs (required unless --estimate-memory)")
+    max_samples: int = option("--max-samples", type=int, default=12, group=MEASUREMENT,
+                              help="image-prompt pairs to run (default 12)")
+    alphas: tuple[float, ...] = option("--alphas", type=_alphas, default=DEFAULT_ALPHAS, group=MEASUREMENT,
+                                       help="projector-output scales, comma-separated (default: the blog's "
+                                       "0.01,...,3; 1 is added)")
+    max_new_tokens: int = option("--max-new-tokens", type=int, default=8, group=MEASUREMENT,
+                                 help="greedy tokens scored per sample (default 8)")
+    top_k: int = option("--top-k", type=int, default=10, group=MEASUREMENT,
+                        help="largest text-embedding rows to list (default 10)")
+    batch_size: int = option("--batch-size", type=int, default=4, group=MEASUREMENT,
+                             help="image-prompt pairs per forward pass, and the batch --estimate-memory assumes "
+                             "(default 4)")
+    revision: str | None = revision_option()
+    device: str = device_option()
+    dtype: str | None = dtype_option()
+    trust_remote_code: bool | None = trust_remote_code_option(LOADING)
+    baseline_revision: str | None = option("--baseline-revision", default=None, group=LOADING,
+                                           help="branch, tag or commit of --baseline on the Hub (default: main)")
+    plots: bool = option("--no-plots", default=True, group=OUTPUT, action="store_false", help="skip the PNG figures")
+    progress: bool = option("--no-progress", default=True, group=OUTPUT, action="store_false",
+                            help="no progress bars")
+    estimate_memory: bool = option("--estimate-memory", default=False, group=OUTPUT, action="store_true",
+                                   help="print the estimated memory for MODEL (from its config only) and exit")
+    compare_embeddings: str | None = option(
+        "--compare-embeddings", metavar="BASE_LLM", default=None, group=OUTPUT,
+        help="the paper's Appendix C tables (embedding-norm mean/std, top-k tokens by norm) for BASE_LLM and MODEL's "
+        "LLM; reads the two embedding tables only, prints the tables (and writes them to --output-dir when given) and "
+        "exits")
+    base_revision: str | None = option("--base-revision", default=None, group=OUTPUT,
+                                       help="revision of BASE_LLM for --compare-embeddings")
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=DiagnoseOptions,
         prog="llava-normaligned diagnose",
         description="Norm-gap diagnostics of a LLaVA-style model: the paper's probes (arXiv 2512.08374, §4, "
         "Appendix C) and the blog post's inference-time experiments. Writes diagnostics.json, CSV tables, PNG "
         "figures and summary.md.",
     )
-    parser.add_argument("model", help="Hub id or folder of the model to diagnose")
-    parser.add_argument("--baseline", default=None, help="a second model run on the same inputs, drawn beside it")
-    parser.add_argument("--images", default=None, help="a folder of images (default: the package's scenes)")
-    parser.add_argument("--prompts", default=None, help="a text file, one prompt per line (default: the package's)")
-    parser.add_argument(
-        "--output-dir", default=None, help="where to write the outputs (required unless --estimate-memory)"
-    )
-    group = parser.add_argument_group("measurement")
-    group.add_argument("--max-samples", type=int, default=12, help="image-prompt pairs to run (default 12)")
-    group.add_argument("--alphas", type=_alphas, default=DEFAULT_ALPHAS,
-                       help="projector-output scales, comma-separated (default: the blog's 0.01,...,3; 1 is added)")
-    group.add_argument("--max-new-tokens", type=int, default=8, help="greedy tokens scored per sample (default 8)")
-    group.add_argument("--top-k", type=int, default=10, help="largest text-embedding rows to list (default 10)")
-    group.add_argument("--batch-size", type=int, default=4,
-                       help="image-prompt pairs per forward pass, and the batch --estimate-memory assumes (default 4)")
-    group = add_load_flags(parser, quantization=False, attn_implementation=False)
-    group.add_argument("--baseline-revision", default=None,
-                       help="branch, tag or commit of --baseline on the Hub (default: main)")
-    group = parser.add_argument_group("output")
-    group.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG figures")
-    group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    group.add_argument("--estimate-memory", action="store_true",
-                       help="print the estimated memory for MODEL (from its config only) and exit")
-    group.add_argument("--compare-embeddings", metavar="BASE_LLM", default=None,
-                       help="the paper's Appendix C tables (embedding-norm mean/std, top-k tokens by norm) for "
-                       "BASE_LLM and MODEL's LLM; reads the two embedding tables only, prints the tables (and writes "
-                       "them to --output-dir when given) and exits")
-    group.add_argument("--base-revision", default=None, help="revision of BASE_LLM for --compare-embeddings")
-    return parser
 
 
 def _compare_embeddings(args, options: LoadOptions) -> int:
@@ -98,7 +118,7 @@ def _estimate_memory(args, options: LoadOptions) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_config(argv)
     try:
         check_numbers(args, NUMBERS, error=DiagnosticsError)
         options = LoadOptions.from_args(args)  # --device, --dtype: names this package runs on

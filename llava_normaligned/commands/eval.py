@@ -15,10 +15,10 @@ Exit codes: 0 every task scored without sample errors (or with errors under --ma
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
+from dataclasses import dataclass
 
 from llava_normaligned.checks import (
     POSITIVE_COUNT,
@@ -35,43 +35,67 @@ from llava_normaligned.evaluation.runner import SAMPLES_FILE, EvalConfig, EvalSe
 from llava_normaligned.evaluation.tasks import TASKS, UnknownTaskError
 from llava_normaligned.loading import LoadOptions
 
-from .shared import CommandParser, arguments_accepted, fail
-from .shared.flags import add_load_flags
+from .shared import CommandParser, arguments_accepted, fail, option
+from .shared.flags import (
+    LOADING,
+    device_option,
+    dtype_option,
+    quantization_option,
+    revision_option,
+    trust_remote_code_option,
+)
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class EvalOptions:
+    """``eval``'s options, read into the library's ``EvalConfig`` by ``config_from_args``."""
+
+    model: str | None = option(nargs="?", default=None, help="checkpoint folder or Hub repo id")
+    tasks: str | None = option("--tasks", default=None,
+                               help=f"comma-separated: {', '.join(TASKS)}; 'all' = Table 4's nine")
+    output_dir: str | None = option("--output-dir", default=None,
+                                    help="where samples.jsonl, results.json and results.md go")
+    baseline: str | None = option("--baseline", default=None,
+                                  help="results.json of an earlier run: the table shows deltas against it")
+    data_dir: str | None = option("--data-dir", default=None,
+                                  help="local copies: DIR/TASK/ holds the split (parquet files or save_to_disk)")
+    limit: int | None = option("--limit", type=int, default=None,
+                               help="score only the first N samples of each task (smoke runs)")
+    batch_size: int = option("--batch-size", type=int, default=8, help="requests per forward pass (default 8)")
+    max_new_tokens: int | None = option("--max-new-tokens", type=int, default=None,
+                                        help="override each task's generation length")
+    label: str | None = option("--label", default=None, help="the model's name in the table (default: its folder name)")
+    overwrite: bool = option("--overwrite", default=False, one_of="runs", action="store_true",
+                             help="replace an earlier run's files in --output-dir")
+    resume: bool = option("--resume", default=False, one_of="runs", action="store_true",
+                          help="keep an earlier run's finished samples and tasks in --output-dir and do the rest")
+    save_data: str | None = option("--save-data", default=None, metavar="DIR",
+                                   help="write each loaded split to DIR/TASK (save_to_disk), a copy for --data-dir on "
+                                   "a machine without network; without MODEL, only that")
+    max_error_rate: float = option("--max-error-rate", type=float, default=0.05, metavar="FRACTION",
+                                   help="a task with more than this share of samples raising errors is failed, not "
+                                   "scored (default 0.05; a task whose samples all raise always is)")
+    allow_errors: bool = option("--allow-errors", default=False, action="store_true",
+                                help="exit 0 when samples raised errors but every task stayed under --max-error-rate "
+                                "(their scores are marked in the table)")
+    engine: str = option("--engine", choices=["own", "lmms-eval"], default="own",
+                         help="own: this package's harness (default); lmms-eval: lmms-eval with this package's model "
+                         "plugin, writing the same results.md (needs the [eval] extra)")
+    list_tasks: bool = option("--list-tasks", default=False, action="store_true",
+                              help="print the tasks, their datasets and schemas")
+    revision: str | None = revision_option()
+    device: str = device_option()
+    dtype: str | None = dtype_option()
+    trust_remote_code: bool | None = trust_remote_code_option(LOADING)
+    quantization: str | None = quantization_option()
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=EvalOptions,
         prog="llava-normaligned eval",
         description="Score a model on the benchmarks of the paper's Table 4 (and the demo's synthetic task).",
     )
-    parser.add_argument("model", nargs="?", help="checkpoint folder or Hub repo id")
-    parser.add_argument("--tasks", help=f"comma-separated: {', '.join(TASKS)}; 'all' = Table 4's nine")
-    parser.add_argument("--output-dir", help="where samples.jsonl, results.json and results.md go")
-    parser.add_argument("--baseline", help="results.json of an earlier run: the table shows deltas against it")
-    parser.add_argument("--data-dir", help="local copies: DIR/TASK/ holds the split (parquet files or save_to_disk)")
-    parser.add_argument("--limit", type=int, help="score only the first N samples of each task (smoke runs)")
-    parser.add_argument("--batch-size", type=int, default=8, help="requests per forward pass (default 8)")
-    parser.add_argument("--max-new-tokens", type=int, help="override each task's generation length")
-    parser.add_argument("--label", help="the model's name in the table (default: its folder name)")
-    runs = parser.add_mutually_exclusive_group()
-    runs.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
-    runs.add_argument("--resume", action="store_true",
-                      help="keep an earlier run's finished samples and tasks in --output-dir and do the rest")
-    parser.add_argument("--save-data", metavar="DIR",
-                        help="write each loaded split to DIR/TASK (save_to_disk), a copy for --data-dir on a machine "
-                        "without network; without MODEL, only that")
-    parser.add_argument("--max-error-rate", type=float, default=0.05, metavar="FRACTION",
-                        help="a task with more than this share of samples raising errors is failed, not scored "
-                        "(default 0.05; a task whose samples all raise always is)")
-    parser.add_argument("--allow-errors", action="store_true",
-                        help="exit 0 when samples raised errors but every task stayed under --max-error-rate "
-                        "(their scores are marked in the table)")
-    parser.add_argument("--engine", choices=["own", "lmms-eval"], default="own",
-                        help="own: this package's harness (default); lmms-eval: lmms-eval with this package's model "
-                        "plugin, writing the same results.md (needs the [eval] extra)")
-    parser.add_argument("--list-tasks", action="store_true", help="print the tasks, their datasets and schemas")
-    add_load_flags(parser, attn_implementation=False)
-    return parser
 
 
 # the counts and the error share of a run, checked before anything is read
@@ -79,7 +103,7 @@ NUMBERS = {"limit": POSITIVE_COUNT, "batch_size": POSITIVE_COUNT, "max_new_token
            "max_error_rate": NumberRule(low=0, high=1)}
 
 
-def config_from_args(args: argparse.Namespace) -> EvalConfig:
+def config_from_args(args: EvalOptions) -> EvalConfig:
     required = [("--tasks", args.tasks)]
     if args.model or not args.save_data:  # --save-data alone needs no model
         required += [("MODEL", args.model), ("--output-dir", args.output_dir)]
@@ -146,7 +170,7 @@ def exit_code(results: dict, allow_errors: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_config(argv)
     if args.list_tasks:
         print(list_tasks())
         return 0

@@ -2,13 +2,12 @@
 
     llava-normaligned generate ./llava-na-3b --image cat.png --prompt "What is in the picture?" --load-in-4bit
 
-Loading (quantization, devices, dtypes, adapters, remote code) is ``llava_normaligned.loading``'s: the flags are its
-``add_load_flags``, read once into a ``LoadOptions``; generation is ``llava_normaligned.generation``'s.
+Loading (quantization, devices, dtypes, adapters, remote code) is ``llava_normaligned.loading``'s: the options are
+``shared.flags``' loading group, read once into a ``LoadOptions``; generation is ``llava_normaligned.generation``'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -25,53 +24,62 @@ from llava_normaligned.checks import (
 )
 from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
 
-from .shared import CommandParser, arguments_accepted, fail
-from .shared.flags import add_load_flags
+from .shared import CommandParser, arguments_accepted, fail, option
+from .shared.flags import (
+    LOADING,
+    attn_implementation_option,
+    device_option,
+    dtype_option,
+    quantization_option,
+    revision_option,
+    trust_remote_code_option,
+)
 
 logger = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------------------------- the CLI
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class GenerateConfig:
+    """``generate``'s options: the model, one prompt or a file of them, decoding, and how to load the model."""
+
+    model: str = option(help="folder or Hub repo id of a norm-aligned (or stock) LLaVA checkpoint")
+    images: list[str] = option("--image", factory=list, nargs="+", action="extend", metavar="PATH",
+                               help="image file(s) for --prompt, in order (repeat the flag or list several)")
+    prompt: str | None = option("--prompt", default=None,
+                                help="the question; its images go before it in one user turn")
+    prompts_file: str | None = option("--prompts-file", default=None, metavar="JSONL",
+                                      help='batch mode: one {"prompt": ..., "images": [paths]} per line; relative '
+                                      "image paths are taken from the file's folder")
+    output: str | None = option("--output", default=None, metavar="JSONL",
+                                help="batch mode: where to write the rows with an 'answer' added")
+    overwrite: bool = option("--overwrite", default=False, action="store_true",
+                             help="batch mode: replace an existing --output and discard the answers of an interrupted "
+                             "run (by default a rerun resumes from OUTPUT.partial)")
+    batch_size: int = option("--batch-size", type=int, default=8,
+                             help="batch mode: prompts per forward (default 8)")
+    max_new_tokens: int = option("--max-new-tokens", type=int, default=256,
+                                 help="tokens generated at most per answer (default 256)")
+    temperature: float = option("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    system: str | None = option("--system", default=None, help="optional system message")
+    quiet: bool = option("--quiet", default=False, action="store_true",
+                         help="do not print what was loaded to stderr")
+    revision: str | None = revision_option()
+    device: str = device_option()
+    dtype: str | None = dtype_option()
+    trust_remote_code: bool | None = trust_remote_code_option(LOADING)
+    quantization: str | None = quantization_option()
+    attn_implementation: str | None = attn_implementation_option()
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=GenerateConfig,
         prog="llava-normaligned generate",
         description="Answer a prompt about images (streamed), or a JSONL file of prompts in batches, with a local "
         "folder or Hub repo, in full precision or 4/8-bit (bitsandbytes).",
     )
-    parser.add_argument("model", help="folder or Hub repo id of a norm-aligned (or stock) LLaVA checkpoint")
-    parser.add_argument(
-        "--image",
-        dest="images",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="PATH",
-        help="image file(s) for --prompt, in order (repeat the flag or list several)",
-    )
-    parser.add_argument("--prompt", help="the question; its images go before it in one user turn")
-    parser.add_argument(
-        "--prompts-file",
-        metavar="JSONL",
-        help='batch mode: one {"prompt": ..., "images": [paths]} per line; relative image paths are '
-        "taken from the file's folder",
-    )
-    parser.add_argument("--output", metavar="JSONL", help="batch mode: where to write the rows with an 'answer' added")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="batch mode: replace an existing --output and discard the answers of an interrupted run (by default a "
-        "rerun resumes from OUTPUT.partial)",
-    )
-    parser.add_argument("--batch-size", type=int, default=8, help="batch mode: prompts per forward (default 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=256,
-                        help="tokens generated at most per answer (default 256)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
-    parser.add_argument("--system", default=None, help="optional system message")
-    parser.add_argument("--quiet", action="store_true", help="do not print what was loaded to stderr")
-    add_load_flags(parser)
-    return parser
-
 
 @dataclass
 class PromptRow:
@@ -290,7 +298,7 @@ def _run_batch(model, processor, resume: Resume, args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_config(argv)
     try:
         check_source(args.model, revision=args.revision)  # first: a mistyped model fails before anything loads
         options = LoadOptions.from_args(args)

@@ -6,37 +6,44 @@ LLaVA JSON with its images.
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 
 from llava_normaligned.checks import check_output_folder
 from llava_normaligned.demo.synthetic import SyntheticSpec, make_dataset
 
-from .shared import CommandParser, arguments_accepted, fail, progress_bars_on_terminals_only
+from .shared import CommandParser, arguments_accepted, fail, option, progress_bars_on_terminals_only
+
+_SPEC = SyntheticSpec()  # the dataset's defaults
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class MakeDataConfig:
+    """``make-data``'s options: where to write and the ``SyntheticSpec`` fields."""
+
+    output_dir: str = option("--output-dir", required=True, help="folder to create (must be empty or absent)")
+    image_size: int = option("--image-size", type=int, default=_SPEC.image_size, help="image side in pixels")
+    train_per_template: int = option("--train-per-template", type=int, default=_SPEC.train_per_template,
+                                     help="training questions per template (a multiple of 16)")
+    test_per_template: int = option("--test-per-template", type=int, default=_SPEC.test_per_template,
+                                    help="held-out test questions per template (a multiple of 16)")
+    seed: int = option("--seed", type=int, default=_SPEC.seed,
+                       help=f"seed of the scenes and questions drawn (default {_SPEC.seed})")
+    jitter: int = option("--jitter", type=int, default=_SPEC.jitter, help="max shift of a shape in its cell (px)")
+    no_progress: bool = option("--no-progress", default=False, action="store_true", help="no progress bar")
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=MakeDataConfig,
         prog="llava-normaligned make-data",
         description="Write the synthetic shapes/colours/counts/positions VQA dataset in the LLaVA JSON format.",
     )
-    defaults = SyntheticSpec()
-    parser.add_argument("--output-dir", required=True, help="folder to create (must be empty or absent)")
-    parser.add_argument("--image-size", type=int, default=defaults.image_size, help="image side in pixels")
-    parser.add_argument("--train-per-template", type=int, default=defaults.train_per_template,
-                        help="training questions per template (a multiple of 16)")
-    parser.add_argument("--test-per-template", type=int, default=defaults.test_per_template,
-                        help="held-out test questions per template (a multiple of 16)")
-    parser.add_argument("--seed", type=int, default=defaults.seed,
-                        help=f"seed of the scenes and questions drawn (default {defaults.seed})")
-    parser.add_argument("--jitter", type=int, default=defaults.jitter, help="max shift of a shape in its cell (px)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_config(argv)
     try:
         check_output_folder("--output-dir", args.output_dir, empty=True)
         spec = SyntheticSpec(
@@ -59,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "make_parser"]
+__all__ = ["MakeDataConfig", "main", "make_parser"]

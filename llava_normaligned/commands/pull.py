@@ -6,31 +6,37 @@ holds (``hub_cards.push.pull``).
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 
 from llava_normaligned.hub_cards.card import package_version
 from llava_normaligned.hub_cards.push import PullError, pull
 from llava_normaligned.hub_cards.selfcheck import known_tokens, scrub
 from llava_normaligned.loading import hub_offline
 
-from .shared import CommandParser, arguments_accepted, fail
+from .shared import CommandParser, arguments_accepted, fail, option
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class PullConfig:
+    """``pull``'s options: the repo, its revision, where to put it, the token."""
+
+    repo_id: str = option(metavar="NS/NAME", help="the Hub model repo, NAMESPACE/NAME")
+    revision: str | None = option("--revision", default=None, help="branch, tag or commit hash (default main)")
+    local_dir: str | None = option("--local-dir", default=None, help="download here instead of the Hub cache")
+    token: str | None = option("--token", default=None, help="Hub token (default HF_TOKEN or the saved login)")
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=PullConfig,
         prog="llava-normaligned pull",
         description="Download a checkpoint from the Hub (pickle files excluded) and show the remote code it holds.",
     )
-    parser.add_argument("repo_id", metavar="NS/NAME", help="the Hub model repo, NAMESPACE/NAME")
-    parser.add_argument("--revision", default=None, help="branch, tag or commit hash (default main)")
-    parser.add_argument("--local-dir", default=None, help="download here instead of the Hub cache")
-    parser.add_argument("--token", default=None, help="Hub token (default HF_TOKEN or the saved login)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_config(argv)
     if hub_offline():
         return fail("pull", f"{args.repo_id}: HF_HUB_OFFLINE is set, so nothing can be downloaded; unset it to pull")
     arguments_accepted()
@@ -53,4 +59,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "make_parser"]
+__all__ = ["PullConfig", "main", "make_parser"]

@@ -6,9 +6,9 @@ in one commit (``hub_cards.push.push``; endpoint and token from ``HF_ENDPOINT`` 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from llava_normaligned.hub_cards.card import check_card, render_card
@@ -24,37 +24,48 @@ from llava_normaligned.hub_cards.selfcheck import (
     self_check,
 )
 
-from .card import add_card_options, card_options
-from .shared import CommandParser, arguments_accepted, fail
+from .card import CardFlags, card_options
+from .shared import CommandParser, arguments_accepted, fail, option
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class PushConfig(CardFlags):
+    """``push``'s options: the folder, the repo and commit, what to upload and check, then ``card``'s ``CardFlags``."""
+
+    folder: str = option(help="checkpoint folder (compose, convert or train output, or a checkpoint-N)")
+    repo_id: str = option("--repo-id", required=True, help="NAMESPACE/NAME; created if missing")
+    private: bool = option("--private", default=False, action="store_true", help="create the repo private")
+    revision: str | None = option("--revision", default=None, metavar="BRANCH",
+                                  help="branch to commit to (default main)")
+    commit_message: str | None = option(
+        "--commit-message", default=None,
+        help="the commit's message (default: \"Upload FOLDER with llava-normaligned VERSION\")")
+    token: str | None = option("--token", default=None,
+                               help="Hub token (default HF_TOKEN or the saved login; prefer those: a flag shows in "
+                               "`ps`)")
+    include: list[str] = option("--include", factory=list, action="append", metavar="PATTERN",
+                                help="also upload files matching PATTERN (repeatable; pickles are never uploaded)")
+    skip_load_check: bool = option("--skip-load-check", default=False, action="store_true",
+                                   help="skip loading the folder in a fresh process (for models too large to load "
+                                   "here)")
+    no_pin_card: bool = option("--no-pin-card", default=False, action="store_true",
+                               help="do not follow with the README commit that pins the card's snippets to the model "
+                               "commit")
+    dry_run: bool = option("--dry-run", default=False, action="store_true",
+                           help="check and print what would be uploaded; upload nothing")
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=PushConfig,
         prog="llava-normaligned push",
         description="Check that a checkpoint folder stands on its own, then upload it with its model card in one "
         "commit. Endpoint and token come from HF_ENDPOINT and HF_TOKEN (or `hf auth login`).",
     )
-    parser.add_argument("folder", help="checkpoint folder (compose, convert or train output, or a checkpoint-N)")
-    parser.add_argument("--repo-id", required=True, help="NAMESPACE/NAME; created if missing")
-    parser.add_argument("--private", action="store_true", help="create the repo private")
-    parser.add_argument("--revision", default=None, metavar="BRANCH", help="branch to commit to (default main)")
-    parser.add_argument("--commit-message", default=None,
-                        help="the commit's message (default: \"Upload FOLDER with llava-normaligned VERSION\")")
-    parser.add_argument("--token", default=None,
-                        help="Hub token (default HF_TOKEN or the saved login; prefer those: a flag shows in `ps`)")
-    parser.add_argument("--include", action="append", default=[], metavar="PATTERN",
-                        help="also upload files matching PATTERN (repeatable; pickles are never uploaded)")
-    parser.add_argument("--skip-load-check", action="store_true",
-                        help="skip loading the folder in a fresh process (for models too large to load here)")
-    parser.add_argument("--no-pin-card", action="store_true",
-                        help="do not follow with the README commit that pins the card's snippets to the model commit")
-    parser.add_argument("--dry-run", action="store_true", help="check and print what would be uploaded; upload nothing")
-    add_card_options(parser)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_config(argv)
     options = card_options(args)
     try:
         check_checkpoint_folder(args.folder)
@@ -92,4 +103,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "make_parser"]
+__all__ = ["PushConfig", "main", "make_parser"]

@@ -6,38 +6,49 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llava_normaligned.checks import check_input_file, check_input_folder, check_output_folder
 from llava_normaligned.trainer.data import BAD_IMAGE_POLICIES, BAD_ROW_POLICIES, DataError, split_paths
 from llava_normaligned.trainer.rl_data import FORMATS, rl_rows, save_rows
 
-from .shared import CommandParser, arguments_accepted, fail
+from .shared import CommandParser, arguments_accepted, fail, option
 
 
-def make_parser():
-    parser = CommandParser(
+@dataclass(frozen=True, kw_only=True)
+class RlDataConfig:
+    """``rl-data``'s options: the LLaVA rows, the format, where to write, the seed and the bad-row policies."""
+
+    data_path: str = option("--data-path", required=True,
+                            help="LLaVA JSON or JSONL file(s), comma-separated (what `train --data-path` reads)")
+    image_folder: str | None = option("--image-folder", default=None,
+                                      help="the folder the rows' image paths are relative to (default: none, paths "
+                                      "are absolute)")
+    format: str = option("--format", required=True, choices=FORMATS,
+                         help="grpo: image, prompt, solution; dpo: image, prompt, chosen, rejected; kto: image, "
+                         "prompt, completion, label")
+    output_dir: str = option("--output-dir", required=True, help="folder to write (must be empty or absent)")
+    seed: int = option("--seed", type=int, default=0,
+                       help="seed of the rejected answers drawn for dpo and kto (default 0)")
+    on_bad_row: str = option("--on-bad-row", default="error", choices=BAD_ROW_POLICIES,
+                             help="a malformed row: error (default) names it and stops; skip drops it (as train's "
+                             "flag)")
+    on_bad_image: str = option("--on-bad-image", default="error", choices=BAD_IMAGE_POLICIES,
+                               help="a row whose image is missing or unreadable: error (default) or skip (as train's "
+                               "flag)")
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(
+        config_class=RlDataConfig,
         prog="llava-normaligned rl-data",
         description="Write LLaVA JSON rows as a dataset folder for TRL's DPO, GRPO or KTO (train.parquet, images "
         "embedded): `trl dpo --dataset_name FOLDER` and `llava-normaligned dpo --dataset_name FOLDER` load it.",
     )
-    parser.add_argument("--data-path", required=True,
-                        help="LLaVA JSON or JSONL file(s), comma-separated (what `train --data-path` reads)")
-    parser.add_argument("--image-folder", default=None,
-                        help="the folder the rows' image paths are relative to (default: none, paths are absolute)")
-    parser.add_argument("--format", required=True, choices=FORMATS,
-                        help="grpo: image, prompt, solution; dpo: image, prompt, chosen, rejected; kto: image, "
-                        "prompt, completion, label")
-    parser.add_argument("--output-dir", required=True, help="folder to write (must be empty or absent)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the rejected answers drawn for dpo and kto (default 0)")
-    parser.add_argument("--on-bad-row", default="error", choices=BAD_ROW_POLICIES,
-                        help="a malformed row: error (default) names it and stops; skip drops it (as train's flag)")
-    parser.add_argument("--on-bad-image", default="error", choices=BAD_IMAGE_POLICIES,
-                        help="a row whose image is missing or unreadable: error (default) or skip (as train's flag)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_config(argv)
     try:
         for path in split_paths(args.data_path):
             check_input_file("--data-path", path)
@@ -57,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "make_parser"]
+__all__ = ["RlDataConfig", "main", "make_parser"]

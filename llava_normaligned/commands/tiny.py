@@ -8,34 +8,44 @@ transformers' own classes, built in code, nothing downloaded) written as its che
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from llava_normaligned.align import SUPPORTED_MODEL_TYPES as TINY_VLM_FAMILIES  # tiny.TINY_VLM_FAMILIES, unimported
 from llava_normaligned.checks import SEED, BadInput, check_number, check_output_folder
 from llava_normaligned.families.processors import TRAINS_WITHOUT_TORCHVISION
 from llava_normaligned.notices import quiet_known_notices
 
-from .shared import CommandParser, arguments_accepted, fail
+from .shared import CommandParser, arguments_accepted, fail, option
+
+
+def _family_name(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyConfig:
+    """``tiny``'s options: the family, where to write, the seed."""
+
+    family: str = option("--family", required=True, type=_family_name, choices=TINY_VLM_FAMILIES, metavar="FAMILY",
+                         help=f"the model_type to build: {', '.join(TINY_VLM_FAMILIES)} (SmolVLM's architecture is "
+                         f"idefics3's). `train` needs torchvision for all but {', '.join(TRAINS_WITHOUT_TORCHVISION)}")
+    output_dir: str = option("--output-dir", required=True, help="new or empty folder to write the model to")
+    seed: int = option("--seed", type=int, default=0, help="seed of the random weights (default 0)")
 
 
 def make_parser() -> CommandParser:
-    parser = CommandParser(
+    return CommandParser(
+        config_class=TinyConfig,
         prog="llava-normaligned tiny",
         description="Write a tiny random stock vision-language model of another family (transformers' own classes, "
         "a few hundred kilobytes, built in code: nothing is downloaded) with its processor, as the folder "
         "`llava-normaligned align` takes. See docs/align.md, 'Offline, with nothing downloaded'.",
     )
-    parser.add_argument("--family", required=True, type=lambda name: name.strip().lower().replace("-", "_"),
-                        choices=TINY_VLM_FAMILIES, metavar="FAMILY",
-                        help=f"the model_type to build: {', '.join(TINY_VLM_FAMILIES)} (SmolVLM's architecture is "
-                        f"idefics3's). `train` needs torchvision for all but {', '.join(TRAINS_WITHOUT_TORCHVISION)}")
-    parser.add_argument("--output-dir", required=True, help="new or empty folder to write the model to")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_config(argv)
     try:
         check_number("--seed", args.seed, SEED)
         check_output_folder("--output-dir", args.output_dir, empty=True)
@@ -56,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "make_parser"]
+__all__ = ["TinyConfig", "main", "make_parser"]

@@ -81,7 +81,7 @@ TRAIN_DTYPE_DEFAULT = "float32"  # TRL's: fp32 master weights; --bf16/--fp16 aut
 
 def _load_flags_as_everywhere(parser) -> None:
     """``--trust_remote_code`` and ``--dtype`` (TRL's fields) with the meaning they have in every command
-    (``shared.flags.add_load_flags``): trust unset is transformers' own resolution (None), False refuses
+    (``shared/flags.py``): trust unset is transformers' own resolution (None), False refuses
     (also ``--no-trust-remote-code``), True opts in; ``--dtype`` takes the same names, ``auto`` as stored. Its default
     stays TRL's float32: the optimizer keeps fp32 master weights, whatever the checkpoint stores."""
     parser.set_defaults(trust_remote_code=TRUST_REMOTE_CODE_DEFAULT)

@@ -22,7 +22,7 @@ from .errors import INTERRUPTED, TERMINATED, fail
 from .held_output import arguments_accepted, end_hold, hold_library_output
 from .help_cache import HELP_DEPENDS_ON, cached_help, help_cache_dir
 from .output_folders import OutputFolder, removed_unless_kept
-from .parsers import CommandParser
+from .parsers import CommandParser, option
 from .progress import PROGRESS_BAR_SWITCHES, progress_bars_on_terminals_only
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "fail",
     "help_cache_dir",
     "hold_library_output",
+    "option",
     "progress_bars_on_terminals_only",
     "removed_unless_kept",
 ]

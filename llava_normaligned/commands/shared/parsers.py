@@ -6,6 +6,7 @@ everything else is alike."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 
@@ -34,10 +35,11 @@ class CommandParser(argparse.ArgumentParser):
     files gave is kept after parsing: ``config_files``, ``config_keys``, ``config_env``.
     """
 
-    def __init__(self, *args, resolve_config: Callable[[str], str] | None = None, config_environment: bool = False,
-                 **kwargs):
+    def __init__(self, *args, config_class: type | None = None, resolve_config: Callable[[str], str] | None = None,
+                 config_environment: bool = False, **kwargs):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+        self.config_class = config_class
         self.resolve_config = resolve_config
         self.config_environment = config_environment
         self.config_files: tuple[str, ...] = ()
@@ -49,6 +51,41 @@ class CommandParser(argparse.ArgumentParser):
                           help=f"a YAML file of this command's options (flag names without the dashes){shipped}, read "
                           f"before the command line, which overrides it; repeatable, later files win{environment} "
                           "(default: none)")
+        if config_class is not None:
+            self._add_options(config_class)
+
+    def _add_options(self, config_class: type) -> None:
+        """Each field of ``config_class`` made by ``option`` becomes its argument: the class's own fields first, in
+        their order, then those it inherits (a shared group such as ``flags.NormOptions``), as ``--help`` lists them."""
+        groups, exclusive = {}, {}
+        own = config_class.__dict__.get("__annotations__", {})
+        fields = dataclasses.fields(config_class)
+        for field in [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]:
+            flags, kwargs, group, one_of, also = field.metadata[_OPTION]
+            if group is not None and group not in groups:
+                groups[group] = self.add_argument_group(group)
+            where = self if group is None else groups[group]
+            if one_of is not None:
+                if (group, one_of) not in exclusive:
+                    exclusive[(group, one_of)] = where.add_mutually_exclusive_group()
+                where = exclusive[(group, one_of)]
+            kwargs = dict(kwargs)
+            if field.default is not dataclasses.MISSING:
+                kwargs.setdefault("default", field.default)
+            elif field.default_factory is not dataclasses.MISSING:
+                kwargs.setdefault("default", field.default_factory())
+            if flags:
+                where.add_argument(*flags, dest=field.name, **kwargs)
+            else:  # a positional argument, named by the field
+                where.add_argument(field.name, **kwargs)
+            for more_flags, more in also:
+                where.add_argument(*more_flags, dest=field.name, **more)
+
+    def parse_config(self, args=None):
+        """Parse into the command's config: a ``config_class`` instance, built once and then only read (frozen)."""
+        namespace = self.parse_args(args)
+        return self.config_class(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(self.config_class)
+                                    if f.init})
 
     def error(self, message: str):
         end_hold(keep=False)
@@ -101,3 +138,22 @@ class CommandParser(argparse.ArgumentParser):
             if action.choices is not None and value not in action.choices:
                 self.error(f"--config {path}: {key}: {value!r} is not one of {', '.join(map(str, action.choices))}")
             action.default, action.required = value, False
+
+
+_OPTION = "llava_normaligned.option"
+
+
+def option(*flags: str, default=dataclasses.MISSING, factory: Callable[[], object] | None = None,
+           group: str | None = None, one_of: str | None = None, also: tuple = (), **kwargs):
+    """A field of a command's config dataclass that is its command-line argument: ``flags`` (none: a positional
+    argument named as the field) and ``kwargs`` are ``argparse.add_argument``'s, the field's default is the
+    argument's (``factory`` for a list). ``group``: its section of ``--help``; ``one_of``: the name of a set of
+    options of which only one may be given; ``also``: ``(flags, kwargs)`` pairs of further options that set the same
+    field (``--no-trust-remote-code`` beside ``--trust-remote-code``)."""
+    metadata = {_OPTION: (flags, kwargs, group, one_of, tuple(also))}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+__all__ = ["CommandParser", "option"]
