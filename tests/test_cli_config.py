@@ -97,7 +97,7 @@ def test_train_reads_a_config_file_as_every_command_does(tmp_path, capsys):
     args = request.namespace
     assert (args.learning_rate, args.max_steps) == (1e-3, 7)
     assert request.environment == {"SOME_SETTING": "1"} and request.config_files == (str(first), str(second))
-    assert set(request.recipe_keys) == {"learning_rate", "max_steps", "max-steps"}
+    assert request.recipe_keys == ("learning_rate", "max_steps")  # the options' names, however a file spells them
     bad = tmp_path / "bad.yaml"
     bad.write_text("max_step: 5\n")
     try:
@@ -143,3 +143,50 @@ def _minimal_argv(name: str) -> list[str]:
         "make-data": ["--output-dir", "o"], "pull": ["a/b"], "push": ["F", "--repo-id", "a/b"],
         "rl-data": ["--data-path", "d.json", "--format", "dpo", "--output-dir", "o"],
         "tiny": ["--family", "idefics3", "--output-dir", "o"]}[name]
+
+
+@pytest.mark.parametrize(("name", "argv", "text", "expected"), [
+    # an on/off option by its name: the value is the option's (false turns GWC off, as train's field does)
+    ("compose", ["--vision-model", "v", "--text-model", "t", "--output-dir", "o"], "gradient_compensation: false\n",
+     {"gradient_compensation": False}),
+    # by its flag: true is the flag given
+    ("compose", ["--vision-model", "v", "--text-model", "t", "--output-dir", "o"], "no-gradient-compensation: true\n",
+     {"gradient_compensation": False}),
+    ("diagnose", ["M"], "plots: false\n", {"plots": False}),
+    ("generate", ["M"], "no-trust-remote-code: true\n", {"trust_remote_code": False}),
+    ("generate", ["M"], "quantization: 8bit\n", {"quantization": "8bit"}),
+    # a repeatable option given one value, then the command line adds to it
+    ("generate", ["M", "--image", "b.png"], "image: a.png\n", {"images": ["a.png", "b.png"]}),
+    ("card", ["F", "--tag", "y"], "tag: x\n", {"tag": ["x", "y"]}),
+    # TRL's fields: the --no_X twin, and null for an option with choices (unset, as TRL's own reader takes it)
+    ("train", ["--stage", "1", "--model", "m", "--data-path", "d.json", "--output-dir", "o"],
+     "no_remove_unused_columns: true\ngradient_checkpointing: false\nprojector_norm: null\n",
+     {"remove_unused_columns": False, "gradient_checkpointing": False, "projector_norm": None}),
+])
+def test_a_file_s_value_means_what_the_command_line_would(name, argv, text, expected, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    args = _parser(name).parse_args([*argv, "--config", str(config)])
+    assert {key: getattr(args, key) for key in expected} == expected
+
+
+def test_a_value_no_switch_sets_is_one_line_naming_the_file(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("quantization: 3bit\n")
+    try:
+        code = main(["generate", "M", "--prompt", "hi", "--config", str(config)])
+    except SystemExit as stop:
+        code = stop.code
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and f"--config {config}: quantization: '3bit' is not one of 4bit, 8bit" in err[0]
+
+
+def test_a_recipe_s_spelling_still_brings_back_its_notice(tmp_path):
+    """``keep_notices_of`` compares the options' names: a dashed key counts as its option."""
+    from llava_normaligned.commands.train import read_train_args
+
+    config = tmp_path / "c.yaml"
+    config.write_text("gradient-checkpointing: true\n")
+    request = read_train_args(["--stage", "1", "--model", "m", "--data-path", "d.json", "--output-dir", "o",
+                               "--config", str(config)])
+    assert request.recipe_keys == ("gradient_checkpointing",)

@@ -26,9 +26,10 @@ class CommandParser(argparse.ArgumentParser):
       passes, so a typo that is a prefix of a flag (``--max_step 2`` for ``--max_steps``) is an unknown flag, not
       that flag (argparse still reads ``-xy`` as the single-dash flags ``-x -y``);
     - ``--config FILE.yaml`` (``config_files``: repeatable, later files win): a YAML mapping of the command's options
-      (a key is the flag without its dashes, ``-`` or ``_`` alike: ``max-new-tokens`` or ``max_new_tokens``), read as
-      the defaults, which the command line overrides. A key that is no option of the command, a value it does not
-      take, or a positional argument, is a usage error naming the file.
+      (a key is the option's name or one of its flags without the dashes, ``-`` or ``_`` alike: ``max-new-tokens`` or
+      ``max_new_tokens``; ``_use_config`` says how values read), read as the defaults, which the command line
+      overrides. A key that is no option of the command, a value it does not take, or a positional argument, is a
+      usage error naming the file.
 
     ``resolve_config`` turns a ``--config`` value into a file (``train``'s shipped recipes); ``config_environment``:
     a file's ``env:`` mapping holds environment variables for the run to set (TRL's commands), not an option. What the
@@ -105,39 +106,82 @@ class CommandParser(argparse.ArgumentParser):
                 values, env = read_config_files([path], environment=self.config_environment)
             except (OSError, ValueError) as error:
                 self.error(str(error))
-            self._use_config(path, values)
-            keys |= set(values)
+            keys |= self._use_config(path, values)
             environment.update(env)
         if paths:
             self.config_files, self.config_keys, self.config_env = tuple(paths), tuple(sorted(keys)), environment
         return super().parse_known_args(argv, namespace)
 
-    def _use_config(self, path: str, values: dict) -> None:
-        options = {}
+    def _use_config(self, path: str, values: dict) -> set[str]:
+        """A file's values as the defaults of the options they name; returns the names of the values set (dests).
+
+        A key is an option's name (its dest, the field: ``gradient_compensation: false``) or one of its flags without
+        the dashes (``no-gradient-compensation: true``: true is the flag given, false the flag not given). The value
+        is what the command line would give: typed as the option's ``type``, one of its ``choices``, a list for a
+        repeatable option (a single value is a list of one), true or false for an on/off option; null leaves it
+        unset (None). It becomes the default of every action of that dest (``--X`` and ``--no-X`` alike)."""
+        by_dest, by_flag = {}, {}
         for action in parser_actions(self):
             if action.option_strings and action.dest not in ("help", "config"):
-                for name in (action.dest, *(o.lstrip("-") for o in action.option_strings)):
-                    options.setdefault(name.replace("-", "_"), action)
+                by_dest.setdefault(action.dest, []).append(action)
+                for flag in action.option_strings:
+                    by_flag.setdefault(flag.lstrip("-").replace("-", "_"), action)
+        named = set()
         for key, value in values.items():
-            action = options.get(str(key).replace("-", "_"))
-            if action is None:
+            name = str(key).replace("-", "_")
+            if name in by_dest:
+                actions = by_dest[name]
+                value = self._dest_value(path, key, actions, value)
+            elif name in by_flag:
+                action = by_flag[name]
+                actions = by_dest[action.dest]
+                if action.nargs == 0:  # a switch: true is the flag given; false leaves it as it is
+                    if not isinstance(value, bool):
+                        self.error(f"--config {path}: {key}: true or false is expected, not {value!r}")
+                    if not value:
+                        continue
+                    value = action.const
+                else:
+                    value = self._typed(path, key, action, value)
+            else:
                 self.error(f"--config {path}: {key!r} is no option of {self.prog}")
-            if action.nargs == 0:  # a switch: true is the flag given; false its opposite (or not given)
-                if not isinstance(value, bool):
-                    self.error(f"--config {path}: {key}: true or false is expected, not {value!r}")
-                if value:
-                    action.default = action.const
-                elif isinstance(action.const, bool):
-                    action.default = not action.const
-                continue
-            if isinstance(value, str) and action.type is not None:
+            for action in actions:
+                action.default, action.required = value, False
+            named.add(actions[0].dest)
+        return named
+
+    def _dest_value(self, path: str, key: str, actions: list, value):
+        """A value given by the option's name: through its first action that takes a value, else (only switches:
+        ``--quick``, ``--load-in-4bit``/``--load-in-8bit``) true or false for on/off switches, or one of the values
+        the switches set."""
+        valued = [action for action in actions if action.nargs != 0]
+        if valued:
+            return self._typed(path, key, valued[0], value)
+        consts = [action.const for action in actions]
+        if all(isinstance(const, bool) for const in consts):
+            if not isinstance(value, bool):
+                self.error(f"--config {path}: {key}: true or false is expected, not {value!r}")
+            return value
+        if value is not None and value not in consts:
+            self.error(f"--config {path}: {key}: {value!r} is not one of {', '.join(map(str, consts))}")
+        return value
+
+    def _typed(self, path: str, key: str, action, value):
+        if value is None:  # YAML's null: unset
+            return None
+        many = action.nargs in ("+", "*") or isinstance(action.default, list)
+        items = (value if isinstance(value, list) else [value]) if many else [value]
+        typed = []
+        for item in items:
+            if isinstance(item, str) and action.type is not None:
                 try:
-                    value = action.type(value)
+                    item = action.type(item)
                 except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
                     self.error(f"--config {path}: {key}: {error}")
-            if action.choices is not None and value not in action.choices:
-                self.error(f"--config {path}: {key}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-            action.default, action.required = value, False
+            if action.choices is not None and item not in action.choices:
+                self.error(f"--config {path}: {key}: {item!r} is not one of {', '.join(map(str, action.choices))}")
+            typed.append(item)
+        return typed if many else typed[0]
 
 
 _OPTION = "llava_normaligned.option"
