@@ -5,6 +5,7 @@ them, and a key that is no option is a one-line usage error naming the file."""
 from __future__ import annotations
 
 import importlib
+import re
 
 import pytest
 
@@ -190,3 +191,17 @@ def test_a_recipe_s_spelling_still_brings_back_its_notice(tmp_path):
     request = read_train_args(["--stage", "1", "--model", "m", "--data-path", "d.json", "--output-dir", "o",
                                "--config", str(config)])
     assert request.recipe_keys == ("gradient_checkpointing",)
+
+
+def test_a_command_that_redefines_a_shared_option_keeps_its_place_and_default():
+    """``chat`` takes the loading group whole and redefines ``--dtype`` (its own default): the flag stays where the
+    group has it, with chat's default, and ``generate``'s is the group's."""
+    chat, generate = _parser("chat"), _parser("generate")
+
+    def loading(parser):  # the flags of --help's loading section, in order
+        section = parser.format_help().split("\nloading:\n", 1)[1].split("\n\n", 1)[0]
+        return re.findall(r"^  (--[a-z0-9-]+)", section, flags=re.M)
+
+    assert loading(chat) == loading(generate)
+    assert loading(chat)[:3] == ["--revision", "--device", "--dtype"]
+    assert chat.parse_config(["M"]).dtype is None and generate.parse_config(["M"]).dtype == "auto"

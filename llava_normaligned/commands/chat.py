@@ -21,15 +21,7 @@ from llava_normaligned.checks import POSITIVE_COUNT, BadInput, NumberRule, check
 from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
 
 from .shared import TERMINATED, CommandParser, arguments_accepted, fail, option
-from .shared.flags import (
-    LOADING,
-    attn_implementation_option,
-    device_option,
-    dtype_option,
-    quantization_option,
-    revision_option,
-    trust_remote_code_option,
-)
+from .shared.flags import LoadingOptions, dtype_option
 
 DEFAULT_PORT = 7860
 DTYPE_ON_CPU = "float32"
@@ -37,7 +29,7 @@ NUMBERS = {"port": NumberRule(low=1, high=65535), "max_new_tokens": POSITIVE_COU
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChatConfig:
+class ChatConfig(LoadingOptions):
     """``chat``'s options: the model (and one to compare), where to serve, decoding, how to load the models."""
 
     model: str = option(help="folder or Hub repo id of a norm-aligned, stock or aligned VLM")
@@ -48,12 +40,8 @@ class ChatConfig:
     port: int = option("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
     max_new_tokens: int = option("--max-new-tokens", type=int, default=256,
                                  help="tokens generated at most per answer (default 256)")
-    revision: str | None = revision_option()
-    device: str = device_option()
+    # this command's own --dtype default: float32 on the CPU
     dtype: str | None = dtype_option(None, f"{DTYPE_ON_CPU} on the CPU, as stored on an accelerator")
-    trust_remote_code: bool | None = trust_remote_code_option(LOADING)
-    quantization: str | None = quantization_option()
-    attn_implementation: str | None = attn_implementation_option()
 
 
 def make_parser() -> CommandParser:

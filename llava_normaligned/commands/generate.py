@@ -25,15 +25,7 @@ from llava_normaligned.checks import (
 from llava_normaligned.loading import LoadOptions, SourceNotFound, check_source
 
 from .shared import CommandParser, arguments_accepted, fail, option
-from .shared.flags import (
-    LOADING,
-    attn_implementation_option,
-    device_option,
-    dtype_option,
-    quantization_option,
-    revision_option,
-    trust_remote_code_option,
-)
+from .shared.flags import LoadingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class GenerateConfig:
+class GenerateConfig(LoadingOptions):
     """``generate``'s options: the model, one prompt or a file of them, decoding, and how to load the model."""
 
     model: str = option(help="folder or Hub repo id of a norm-aligned (or stock) LLaVA checkpoint")
@@ -65,12 +57,6 @@ class GenerateConfig:
     system: str | None = option("--system", default=None, help="optional system message")
     quiet: bool = option("--quiet", default=False, action="store_true",
                          help="do not print what was loaded to stderr")
-    revision: str | None = revision_option()
-    device: str = device_option()
-    dtype: str | None = dtype_option()
-    trust_remote_code: bool | None = trust_remote_code_option(LOADING)
-    quantization: str | None = quantization_option()
-    attn_implementation: str | None = attn_implementation_option()
 
 
 def make_parser() -> CommandParser:

@@ -83,6 +83,19 @@ def attn_implementation_option():
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoadingOptions:
+    """The whole loading group, for a command that loads one model as every command does (``generate``, ``chat``);
+    a command with another ``--dtype`` default redefines that field (it keeps its place)."""
+
+    revision: str | None = revision_option()
+    device: str = device_option()
+    dtype: str | None = dtype_option()
+    trust_remote_code: bool | None = trust_remote_code_option(LOADING)
+    quantization: str | None = quantization_option()
+    attn_implementation: str | None = attn_implementation_option()
+
+
+@dataclass(frozen=True, kw_only=True)
 class NormOptions:
     """``--projector-norm``, ``--norm-init``, ``--no-gradient-compensation`` and ``--gradient-compensation-min``,
     each defaulting to the paper's method (``compose``, ``convert``, ``align``)."""
@@ -101,5 +114,5 @@ class NormOptions:
         help=f"{NORM_OPTION_HELP['gradient_compensation_min']} (default: {DEFAULT.gradient_compensation_min:g})")
 
 
-__all__ = ["LOADING", "NORM_GROUP", "NormOptions", "attn_implementation_option", "device_option", "dtype_argument",
-           "dtype_option", "quantization_option", "revision_option", "trust_remote_code_option"]
+__all__ = ["LOADING", "NORM_GROUP", "LoadingOptions", "NormOptions", "attn_implementation_option", "device_option",
+           "dtype_argument", "dtype_option", "quantization_option", "revision_option", "trust_remote_code_option"]

@@ -59,7 +59,9 @@ class CommandParser(argparse.ArgumentParser):
         """Each field of ``config_class`` made by ``option`` becomes its argument: the class's own fields first, in
         their order, then those it inherits (a shared group such as ``flags.NormOptions``), as ``--help`` lists them."""
         groups, exclusive = {}, {}
-        own = config_class.__dict__.get("__annotations__", {})
+        inherited = {f.name for base in config_class.__mro__[1:] if dataclasses.is_dataclass(base)
+                     for f in dataclasses.fields(base)}
+        own = set(config_class.__dict__.get("__annotations__", {})) - inherited  # a redefined field keeps its place
         fields = dataclasses.fields(config_class)
         for field in [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]:
             flags, kwargs, group, one_of, also = field.metadata[_OPTION]
