@@ -41,23 +41,43 @@ def test_the_key_follows_the_sources_and_versions(monkeypatch):
     assert help_cache.help_key("train") != key
 
 
-def test_the_key_follows_a_linked_folder_s_sources(monkeypatch, tmp_path):
-    """In a checkout, ``llava_normaligned/trainer`` is a link to ``trainer/``: an edit there is a new key too (the
-    recipes a help text lists are there)."""
-    import llava_normaligned
+def test_the_sources_checked_are_where_python_imported_them_from():
+    """In an editable checkout ``llava_normaligned.trainer`` is the top-level ``trainer/`` (pyproject.toml's
+    package-dir): its folder is among those a help text is checked against, each folder once."""
+    import llava_normaligned.hub_cards
+    import llava_normaligned.trainer
+
     from llava_normaligned.commands.shared import help_cache
 
-    package, linked = tmp_path / "llava_normaligned", tmp_path / "trainer"
-    package.mkdir()
-    linked.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "trainer").symlink_to(linked, target_is_directory=True)
-    recipe = linked / "recipe.yaml"
+    folders = help_cache.source_folders()
+    for package in (llava_normaligned.trainer, llava_normaligned.hub_cards):
+        assert any(os.path.dirname(os.path.abspath(package.__file__)).startswith(f) for f in folders), folders
+    assert not any(f.startswith(g + os.sep) for f in folders for g in folders), folders
+
+
+def test_an_edited_source_rebuilds_the_help(monkeypatch, tmp_path):
+    """A kept text is read while the files of the folders its build imported are unchanged, rebuilt after an edit
+    (a recipe's ``.yaml`` too: a help text lists the recipes)."""
+    from llava_normaligned.commands.shared import help_cache
+
+    sources = tmp_path / "trainer"
+    sources.mkdir()
+    recipe = sources / "recipe.yaml"
     recipe.write_text("learning_rate: 1e-3\n")
-    monkeypatch.setattr(llava_normaligned, "__file__", str(package / "__init__.py"))
-    key = help_cache.help_key("train")
+    monkeypatch.setenv("LLAVA_NORMALIGNED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(help_cache, "source_folders", lambda: [str(sources)])
+    built = []
+
+    def run(args):
+        built.append(args)
+        print("usage: train [--learning_rate LR]")
+        return 0
+
+    for _ in range(2):
+        assert help_cache.cached_help("train", run) == 0
+    assert len(built) == 1
     recipe.write_text("learning_rate: 2e-3, longer\n")
-    assert help_cache.help_key("train") != key
+    assert help_cache.cached_help("train", run) == 0 and len(built) == 2
 
 
 # ------------------------------------------------------------------------------ every option of every command

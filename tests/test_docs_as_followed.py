@@ -47,7 +47,8 @@ def _extras() -> dict[str, set[str]]:
     return {extra: names(extra) for extra in raw}
 
 
-TOOLS = {"pytest": "pytest", "lint-imports": "import-linter"}  # what a command line runs -> the distribution
+# what a command line runs -> the distribution
+TOOLS = {"pytest": "pytest", "lint-imports": "import-linter", "tests.support.layers": "import-linter"}
 
 
 def _tool_lines(text: str):

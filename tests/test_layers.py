@@ -1,6 +1,6 @@
 """The layers of the package (docs/DEVELOPING.md, Layers), checked with import-linter's contracts in pyproject.toml,
-run on the checkout as it is (``llava_normaligned/trainer`` and ``llava_normaligned/hub_cards`` are links to the
-top-level folders, so the checkout reads as installed):
+run on the package laid out as installed (``python -m tests.support.layers``: ``trainer/`` and ``hub_cards/`` install
+as ``llava_normaligned.trainer`` and ``llava_normaligned.hub_cards``):
 
 - cli > commands (with what they share: ``commands/shared``) > demo > chat > the applications (none imports another) >
   the core > families > compat: the library imports nothing of the commands;
@@ -10,10 +10,11 @@ top-level folders, so the checkout reads as installed):
   ``tests/support/import_contracts.py``), and nothing of the package;
 - the model, family knowledge and the core import no training, serving or evaluation stack (compat aside).
 
-Each contract is seen failing on a planted violation, in a copy of the checkout."""
+Each contract is seen failing on a planted violation, in a copy."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -23,60 +24,61 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests.support.layout import linked_roots, package_dirs, source_roots
+from tests.support.layers import lint_imports
+from tests.support.layout import copy_as_installed, mapped_roots, package_dirs, source_roots
 
 ROOT = Path(__file__).resolve().parents[1]
-LINT = shutil.which("lint-imports", path=os.path.dirname(sys.executable))
 CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 NAMES = {key: CONTRACTS[index]["name"] for index, key in
          enumerate(("layers", "model", "model_allow_list", "core_order", "stacks"))}
 
 
 def _lint(tree: Path) -> subprocess.CompletedProcess:
-    if LINT is None:
-        pytest.fail("lint-imports is not installed: `pip install -e .[dev]` installs import-linter")
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    return subprocess.run([LINT, "--no-cache"], cwd=tree, env=env, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    try:
+        return lint_imports(tree)
+    except FileNotFoundError as missing:
+        pytest.fail(str(missing))
 
 
 def _report(result: subprocess.CompletedProcess) -> str:
     return " ".join(result.stdout.split())  # import-linter wraps long lines
 
 
-def test_the_checkout_reads_as_installed():
-    linked = linked_roots()
-    assert linked, "pyproject.toml maps no folder to another import name"
-    for name, folder in linked.items():
-        link = ROOT / name.replace(".", "/")
-        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
+def test_no_source_file_is_reachable_by_two_paths():
+    """The owner's folders are mapped to their import names by pyproject.toml alone: no link in the checkout."""
+    links = [str(path.relative_to(ROOT)) for folder in source_roots() for path in (ROOT / folder).rglob("*")
+             if path.is_symlink()]
+    assert links == []
+
+
+def test_python_imports_each_mapped_folder_by_its_name():
+    """The editable install maps ``llava_normaligned.trainer`` to ``trainer/`` (and so on for each package-dir)."""
+    mapped = mapped_roots()
+    assert mapped, "pyproject.toml maps no folder to another import name"
+    for name, folder in mapped.items():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and Path(spec.origin).resolve() == (ROOT / folder / "__init__.py").resolve(), name
 
 
 def test_every_package_folder_is_listed_for_the_install():
     """A sub-package missing from ``[tool.setuptools] packages`` is not installed: its imports fail in a wheel."""
     listed = set(package_dirs().values())
     found = {str(init.parent.relative_to(ROOT)) for root in source_roots() for init in (ROOT / root).rglob("__init__.py")
-             if "__pycache__" not in init.parts and not any((ROOT / Path(*init.relative_to(ROOT).parts[:i])).is_symlink()
-                                                            for i in range(1, len(init.relative_to(ROOT).parts)))}
+             if "__pycache__" not in init.parts}
     assert found - listed == set(), f"add to pyproject.toml's [tool.setuptools] packages: {sorted(found - listed)}"
     assert listed - found == set(), f"listed but not in the checkout: {sorted(listed - found)}"
 
 
-def test_the_layers_hold():
-    result = _lint(ROOT)
+def test_the_layers_hold(tree):
+    result = _lint(tree)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert f"Contracts: {len(CONTRACTS)} kept, 0 broken" in _report(result), result.stdout[-3000:]
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    """The sources and pyproject.toml copied, links kept (they are relative)."""
-    target = tmp_path_factory.mktemp("checkout")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "assets", "recipes", "templates")
-    for folder in (*source_roots(), "tests/support"):
-        shutil.copytree(ROOT / folder, target / folder, symlinks=True, ignore=ignore)
-    shutil.copy(ROOT / "pyproject.toml", target / "pyproject.toml")
-    return target
+    """The package's Python files laid out as installed, with pyproject.toml and tests/support."""
+    return copy_as_installed(tmp_path_factory.mktemp("installed"))
 
 
 def test_the_copy_is_what_python_imports(tree):
@@ -112,7 +114,7 @@ def test_the_copy_is_what_python_imports(tree):
 )
 def test_a_planted_violation_breaks_its_contract(tree, tmp_path, module, line, broken):
     broken_tree = tmp_path / "broken"
-    shutil.copytree(tree, broken_tree, symlinks=True)
+    shutil.copytree(tree, broken_tree)
     with open(broken_tree / module, "a", encoding="utf-8") as f:
         f.write(f"\n{line}  # an import against the layers\n")
     result = _lint(broken_tree)

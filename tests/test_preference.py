@@ -294,7 +294,7 @@ RECIPES = os.path.join(os.path.dirname(__file__), os.pardir, "trainer", "recipes
 def test_the_recipe_reads_the_same_in_trl_and_in_our_command(kind, monkeypatch):
     import importlib
 
-    from llava_normaligned.commands.trl_script import read_script_args
+    from llava_normaligned.commands.shared.trl_script import read_script_args
     from llava_normaligned.trainer.preference import build_script_args
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)

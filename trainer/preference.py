@@ -1,6 +1,6 @@
 """What ``llava-normaligned dpo | grpo | kto`` run: TRL's own ``trl dpo``, ``trl grpo`` and ``trl kto`` scripts, flag
 for flag, with the norm tracked. The commands are ``llava_normaligned.commands.{dpo,grpo,kto}``; their shared parser
-and run (the one-line errors, the exit codes, the clean-up) are ``commands.trl_script``'s; this module holds what they
+and run (the one-line errors, the exit codes, the clean-up) are ``commands.shared.trl_script``'s; this module holds what they
 build and run.
 
 Each command parses its arguments with the dataclasses of TRL's script (``trl/scripts/{dpo,grpo,kto}.py``:

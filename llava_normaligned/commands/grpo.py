@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from .trl_script import run_script, script_parser
+from .shared.trl_script import run_script, script_parser
 
 
 def make_parser():

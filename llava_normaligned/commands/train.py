@@ -46,8 +46,8 @@ from llava_normaligned.trainer.sampling import GROUPED_STRATEGIES
 from llava_normaligned.trainer.train import merge_if_asked, prepare_run, refuse_jit_checkpoint, run_stage
 
 from .shared import INTERRUPTED, TERMINATED, CommandParser, arguments_accepted, fail, removed_unless_kept
+from .shared.stops import DiskFull, disk_full_message, stopped_message
 from .shared.trl_parsers import HelpFormatter, describe_negations, read_request
-from .stops import DiskFull, disk_full_message, stopped_message
 
 logger = logging.getLogger(__name__)
 

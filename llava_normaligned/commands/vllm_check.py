@@ -11,32 +11,44 @@ compare all of it with transformers; it is also a smoke check of an installation
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
+
+from .shared import CommandParser, fail, option
+
+PROG = "python -m llava_normaligned.commands.vllm_check"
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llava_normaligned.commands.vllm_check",
-                                     description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("model", help="checkpoint folder (or Hub id)")
-    parser.add_argument("--image", help="image file for the prompt")
-    parser.add_argument("--prompt", help="the user's text; the image goes before it")
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--logprobs", type=int, default=5, help="log-probabilities of the top N tokens per step")
-    parser.add_argument("--suppress-token-id", type=int, action="append", default=[],
-                        help="token id never to generate (repeatable): a tiny random model may emit its image token")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default=None, help="vLLM's --quantization (fp8, ...)")
-    parser.add_argument("--max-model-len", type=int, default=512)
-    parser.add_argument("--kv-cache-mib", type=int, default=None,
-                        help="KV cache size in MiB (on CPU: instead of a fraction of the machine's memory)")
-    parser.add_argument("--output", required=True, help="JSON file to write")
-    parser.add_argument("--init-only", action="store_true",
-                        help="only build the model as vLLM would (no weights, no kernels) and record its anatomy: "
-                             "shows what a quantization method quantizes on machines that cannot run its kernels")
-    return parser
+@dataclass(frozen=True, kw_only=True)
+class VllmCheckConfig:
+    """``vllm_check``'s options: the checkpoint, the prompt, vLLM's engine settings and where the JSON goes."""
+
+    model: str = option(help="checkpoint folder (or Hub id)")
+    image: str | None = option("--image", default=None, help="image file for the prompt")
+    prompt: str | None = option("--prompt", default=None, help="the user's text; the image goes before it")
+    max_tokens: int = option("--max-tokens", default=8, type=int, help="tokens to generate (default 8)")
+    logprobs: int = option("--logprobs", default=5, type=int,
+                           help="log-probabilities of the top N tokens per step (default 5)")
+    suppress_token_id: list[int] = option("--suppress-token-id", factory=list, type=int, action="append",
+                                          help="token id never to generate (repeatable): a tiny random model may "
+                                               "emit its image token")
+    dtype: str = option("--dtype", default="auto", help="vLLM's --dtype (default auto)")
+    quantization: str | None = option("--quantization", default=None, help="vLLM's --quantization (fp8, ...)")
+    max_model_len: int = option("--max-model-len", default=512, type=int, help="vLLM's --max-model-len (default 512)")
+    kv_cache_mib: int | None = option("--kv-cache-mib", default=None, type=int,
+                                      help="KV cache size in MiB (on CPU: instead of a fraction of the machine's "
+                                           "memory)")
+    output: str = option("--output", required=True, help="JSON file to write")
+    init_only: bool = option("--init-only", default=False, action="store_true",
+                             help="only build the model as vLLM would (no weights, no kernels) and record its "
+                                  "anatomy: shows what a quantization method quantizes on machines that cannot run "
+                                  "its kernels")
+
+
+def make_parser() -> CommandParser:
+    return CommandParser(config_class=VllmCheckConfig, prog=PROG, description=__doc__.split("\n\n")[0])
 
 
 def build_model_only(args) -> dict:
@@ -101,14 +113,12 @@ def checkpoint_name_map(model_dir: str) -> dict[str, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_config(argv)
     if not args.init_only:
         if args.image is None or args.prompt is None:
-            print("error: --image and --prompt are needed (unless --init-only)", file=sys.stderr)
-            return 2
+            return fail("vllm_check", "--image and --prompt are needed (unless --init-only)")
         if not os.path.isfile(args.image):
-            print(f"error: --image {args.image!r}: no such file", file=sys.stderr)
-            return 2
+            return fail("vllm_check", f"--image {args.image!r}: no such file")
 
     if args.init_only:
         with open(args.output, "w") as handle:
@@ -149,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.output, "w") as handle:
         json.dump(record, handle, indent=1)
     return 0
+
+
+__all__ = ["VllmCheckConfig", "main", "make_parser"]
 
 
 if __name__ == "__main__":

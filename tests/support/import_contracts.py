@@ -4,8 +4,8 @@
 ``allowed`` (with their sub-modules) and, with ``allow_standard_library``, Python's standard library. pyproject.toml
 uses it for the model's Hub files (torch, transformers, safetensors and the standard library), which run on machines
 where only those are promised; a forbidden list cannot say that (``import scipy`` passes every list that does not
-name scipy). Registered in pyproject.toml's ``[tool.importlinter] contract_types``; ``lint-imports`` run from the
-checkout's root imports it as ``tests.support.import_contracts``.
+name scipy). Registered in pyproject.toml's ``[tool.importlinter] contract_types``; ``python -m tests.support.layers`` runs
+``lint-imports`` where it imports as ``tests.support.import_contracts``.
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ the sources (the owner's folders ``trainer/`` and ``hub_cards/`` install as ``ll
 
 from __future__ import annotations
 
-import tomllib
+import shutil
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,10 +34,25 @@ def source_roots(root: Path = ROOT) -> tuple[str, ...]:
     return tuple(dict.fromkeys(folder.split("/")[0] for folder in package_dirs(root).values()))
 
 
-def linked_roots(root: Path = ROOT) -> dict[str, str]:
-    """The folders mapped to another import name (``package-dir``): import name -> folder."""
+def mapped_roots(root: Path = ROOT) -> dict[str, str]:
+    """The folders installed under another import name (``package-dir``): import name -> folder."""
     setuptools = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     return dict(setuptools.get("package-dir", {}))
 
 
-__all__ = ["ROOT", "linked_roots", "package_dirs", "source_roots"]
+def copy_as_installed(target: Path, root: Path = ROOT) -> Path:
+    """The package's Python files copied into ``target`` where an install puts them (``trainer/train.py`` ->
+    ``llava_normaligned/trainer/train.py``), with ``pyproject.toml`` and ``tests/support``: a tree import-linter can
+    read, whose folders are the import names. Returns ``target``."""
+    for name, folder in package_dirs(root).items():
+        destination = target / name.replace(".", "/")
+        destination.mkdir(parents=True, exist_ok=True)
+        for source in (root / folder).glob("*.py"):
+            shutil.copy2(source, destination / source.name)
+    shutil.copytree(root / "tests" / "support", target / "tests" / "support",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+    shutil.copy2(root / "pyproject.toml", target / "pyproject.toml")
+    return target
+
+
+__all__ = ["ROOT", "copy_as_installed", "mapped_roots", "package_dirs", "source_roots"]

@@ -37,13 +37,12 @@ OVERRIDDEN = {"_init_weights"}
 
 
 def source_files(root: Path = ROOT) -> list[Path]:
-    """The package's Python files, each once (``llava_normaligned/trainer`` is a link to ``trainer/``)."""
+    """The package's Python files, from the source folders pyproject.toml lists."""
     files = []
     for folder in SOURCES:
         for path in sorted((root / folder).rglob("*.py")):
             relative = path.relative_to(root)
-            if "__pycache__" in relative.parts or any((root / Path(*relative.parts[:i])).is_symlink()
-                                                       for i in range(1, len(relative.parts))):
+            if "__pycache__" in relative.parts:
                 continue
             files.append(path)
     return files

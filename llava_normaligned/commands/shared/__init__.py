@@ -10,7 +10,9 @@ command's output and exit code):
 - ``flags``: the flag groups several commands have (loading, ``--trust-remote-code``, ``--dtype``, the projector norm);
 - ``output_folders``: no half-written output (``removed_unless_kept``);
 - ``progress``: progress bars on terminals only;
-- ``help_cache``: the cache of ``COMMAND --help`` texts.
+- ``help_cache``: the cache of ``COMMAND --help`` texts;
+- ``stops``: the line a training command ends with when stopped by Ctrl-C, SIGTERM or a full disk;
+- ``trl_script``: the parser and run of ``dpo``, ``grpo`` and ``kto`` (imported by them only: it imports TRL).
 
 The checks of input values (``llava_normaligned.checks``) and the filters of known library notices
 (``llava_normaligned.notices``) are the core's: the library raises ``BadInput`` and installs a filter itself.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import os
 import shutil
 import sys
 
-import llava_normaligned
 from llava_normaligned.atomic_files import write_text_atomic
 
 # what a command's --help text depends on besides this package's own source
@@ -25,9 +25,13 @@ def help_cache_dir() -> str:
     return os.path.join(root, "help")
 
 
+OWN_PACKAGES = ("llava_normaligned", "modeling_llava_normaligned")
+
+
 def help_key(name: str) -> str:
-    """A digest of what ``name --help`` prints from: the width it is wrapped to, the installed versions of the
-    packages whose options it lists and every source file of this package (an edited checkout is a new key)."""
+    """A digest of what ``name --help`` is wrapped to and lists options of: the name, the terminal's width and the
+    installed versions of the packages whose options it lists. The sources it is built from are checked apart
+    (``source_digest``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     digest = hashlib.blake2b(name.encode(), digest_size=12)
@@ -37,27 +41,50 @@ def help_key(name: str) -> str:
             digest.update(f"{package}={version(package)};".encode())
         except PackageNotFoundError:
             digest.update(f"{package}=none;".encode())
-    # the installed package's files; in a checkout, its trainer/ and hub_cards/ are links to the top-level folders
-    root = os.path.dirname(os.path.abspath(llava_normaligned.__file__))
-    for folder, dirs, files in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for file in sorted(f for f in files if f.endswith(".py") or f.endswith(".yaml")):
-            path = os.path.join(folder, file)
-            stat = os.stat(path)
-            digest.update(f"{os.path.relpath(path, root)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
+
+
+def source_folders() -> list[str]:
+    """The folders of this package's modules imported so far, outermost only. In a wheel that is the installed
+    package's folder; in an editable checkout also ``trainer/`` and ``hub_cards/``, which pyproject.toml maps to
+    ``llava_normaligned.trainer`` and ``llava_normaligned.hub_cards``."""
+    folders = set()
+    for module_name, module in list(sys.modules.items()):
+        if module_name.split(".")[0] in OWN_PACKAGES:
+            folders.update(os.path.abspath(f) for f in getattr(module, "__path__", None) or ())
+    return sorted(f for f in folders if not any(f.startswith(other + os.sep) for other in folders))
+
+
+def source_digest(folders: list[str]) -> str:
+    """A digest of the size and time of every ``.py`` and ``.yaml`` file in ``folders`` (the recipes a help text
+    lists are ``.yaml``): an edited checkout is a new digest."""
+    digest = hashlib.blake2b(digest_size=12)
+    for root in folders:
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for file in sorted(f for f in files if f.endswith((".py", ".yaml"))):
+                path = os.path.join(folder, file)
+                try:
+                    stat = os.stat(path)
+                except OSError:
+                    continue
+                digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns};".encode())
     return digest.hexdigest()
 
 
 def cached_help(name: str, run) -> int:
-    """``name --help``: printed from the cache when this package, its sources and the packages it lists options
-    of are as they were when it was last built; otherwise built by ``run(["--help"])`` (``train --help`` imports
-    TRL and transformers' ``TrainingArguments``: seconds on an idle machine, a minute on a busy one) and kept."""
-    path = os.path.join(help_cache_dir(), f"{name}-{help_key(name)}.txt")
+    """``name --help``: printed from the cache when the packages it lists options of and the sources it was built
+    from are as they were when it was last built; otherwise built by ``run(["--help"])`` (``train --help`` imports
+    TRL and transformers' ``TrainingArguments``: seconds on an idle machine, a minute on a busy one) and kept, with
+    the folders of the sources that building it imported."""
+    path = os.path.join(help_cache_dir(), f"{name}-{help_key(name)}.json")
     try:
         with open(path, encoding="utf-8") as handle:
-            sys.stdout.write(handle.read())
-        return 0
-    except OSError:
+            kept = json.load(handle)
+        if source_digest(kept["folders"]) == kept["sources"]:
+            sys.stdout.write(kept["text"])
+            return 0
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     captured = io.StringIO()
     code = 0
@@ -69,8 +96,12 @@ def cached_help(name: str, run) -> int:
     text = captured.getvalue()
     sys.stdout.write(text)
     if code == 0 and text:
+        folders = source_folders()
+        kept = {"folders": folders, "sources": source_digest(folders), "text": text}
         try:
-            write_text_atomic(path, text, make_folder=True)  # never a half-written help text
+            write_text_atomic(path, json.dumps(kept), make_folder=True)  # never a half-written help text
         except OSError:
             pass
     return code
+
+

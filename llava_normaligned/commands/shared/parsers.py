@@ -86,6 +86,8 @@ class CommandParser(argparse.ArgumentParser):
 
     def parse_config(self, args=None):
         """Parse into the command's config: a ``config_class`` instance, built once and then only read (frozen)."""
+        if self.config_class is None:
+            raise TypeError(f"{self.prog}: parse_config needs the parser built with CommandParser(config_class=...)")
         namespace = self.parse_args(args)
         return self.config_class(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(self.config_class)
                                     if f.init})

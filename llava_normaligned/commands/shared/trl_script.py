@@ -25,9 +25,9 @@ from llava_normaligned.trainer.preference import (
     trl_script,
 )
 
-from .shared import INTERRUPTED, TERMINATED, CommandParser, arguments_accepted, fail, removed_unless_kept
-from .shared.trl_parsers import HelpFormatter, describe_negations, read_request
+from . import INTERRUPTED, TERMINATED, CommandParser, arguments_accepted, fail, removed_unless_kept
 from .stops import DiskFull, disk_full_message, stopped_message
+from .trl_parsers import HelpFormatter, describe_negations, read_request
 
 
 def script_parser(kind: str):
