@@ -31,6 +31,7 @@ from llava_normaligned.loading import load_model
 from llava_normaligned.tiny import save_tiny_vlm
 from modeling_llava_normaligned import ALIGNED_REMOTE_CODE_FILES
 from tests.support.isolation import run_isolated
+from tests.support.markdown import table_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -367,10 +368,10 @@ def test_the_model_file_and_the_command_know_the_same_families():
     assert family_of(ALIGNED_MODEL_TYPE_PREFIX + "paligemma") is None
     docs = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "align.md")
     with open(docs, encoding="utf-8") as f:
-        rows = [line for line in f.read().split("## Where the norm goes", 1)[1].splitlines() if line.startswith("| ")]
+        table = table_with(f.read().split("## Where the norm goes", 1)[1], "its weights")
     for model_type in SUPPORTED_MODEL_TYPES:  # the docs' table has a row for every family, naming the norm's path
-        row = next(line for line in rows if f"(`{model_type}`)" in line)
-        assert f"`{family_of(model_type).projector}.{ALIGNED_NORM_NAME}`" in row, model_type
+        (row,) = [row for row in table if f"(`{model_type}`)" in row["family (`model_type`)"]]
+        assert row["its weights"] == f"`{family_of(model_type).projector}.{ALIGNED_NORM_NAME}`", model_type
 
 
 def test_the_aligned_folder_names_no_local_path(folders):

@@ -10,6 +10,9 @@ import os
 
 import pytest
 
+from tests.support.markdown import table_with
+from tests.support.messages import number
+
 BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -41,6 +44,10 @@ def test_the_align_then_finetune_experiment_runs_quick(tmp_path, monkeypatch):
     assert set(summary["minus_stock_after"]) == {"aligned", "aligned_stage1"}
     assert set(summary["minus_stock_after"]["aligned"]["4"]) == {"real", "blank"}
     text = (results / "results.md").read_text()
-    assert "| aligned, after 4 steps |" in text and "| aligned, stage 1 first, after 4 steps |" in text
+    rows = {row["model"]: row for row in table_with(text, "vision/text norm ratio")}
+    for kind, label in (("aligned", "aligned"), ("aligned_stage1", "aligned, stage 1 first")):
+        shown = rows[f"{label}, after 4 steps"]  # the mean over seeds, then the interval's half-width
+        for column, key in (("real-image accuracy", "real"), ("vision/text norm ratio", "ratio")):
+            assert number(r"^(\S+)", shown[column]) == pytest.approx(summary[kind]["after"]["4"][key]["mean"], abs=5e-4)
     assert "--quick" in text
     assert all(r["train_loss"] is not None and r["train_loss"] > 0 for r in runs)

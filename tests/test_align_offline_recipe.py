@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from llava_normaligned.commands.tiny import main
 from llava_normaligned.families.processors import TRAINS_WITHOUT_TORCHVISION
 from llava_normaligned.tiny import TINY_VLM_FAMILIES
+from tests.support.markdown import cell_rows
 
 DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "align.md")
 HEADING = "## Offline, with nothing downloaded"
@@ -120,7 +121,8 @@ def test_align_put_the_norm_at_the_connector(recipe):
     d = config["text_config"]["hidden_size"]
     assert gain.numel() == d and torch.equal(weights[f"{NORM}.bias"], torch.zeros(d))
     torch.testing.assert_close(gain, torch.full((d,), config["norm_target"] / d**0.5), rtol=1e-6, atol=0)
-    assert f"family=idefics3 norm at {config['norm_connector']}" in done.stdout
+    wrote = re.search(r"family=(\w+) norm at (\S+)", done.stdout)
+    assert wrote and wrote.groups() == (config["norm_family"], config["norm_connector"]), done.stdout
 
 
 def test_train_wrote_a_checkpoint_two_steps_on(recipe):
@@ -151,7 +153,9 @@ def test_diagnose_wrote_its_report_with_the_vision_tokens_at_the_text_norm(recip
     assert report["vision_text_norm_ratio"] == pytest.approx(1.0, abs=0.05)
     assert report["baseline"]["vision_text_norm_ratio"] > 2  # the stock model, without the norm
     summary = (out / "summary.md").read_text(encoding="utf-8")
-    assert "vision / text norm ratio at the LLM input" in summary
+    (ratios,) = [row[1:] for row in cell_rows(summary) if "norm ratio at the LLM input" in row[0]]  # model, stock
+    assert [float(cell.strip("*")) for cell in ratios] == pytest.approx(
+        [report["vision_text_norm_ratio"], report["baseline"]["vision_text_norm_ratio"]], rel=1e-3, abs=5e-4)
     assert "vision/text norm ratio 1" in done.stdout
 
 

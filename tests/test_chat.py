@@ -27,6 +27,7 @@ from tests.support.chat_server import (
     not_an_image,
     solid_image,
 )
+from tests.support.messages import number
 from tests.support.processes import CONSOLE, send_or_skip, wait_after_signal
 
 pytest.importorskip("gradio")
@@ -51,7 +52,8 @@ def check_model_outputs(entry: dict, expected: dict, name: str) -> None:
     assert readings["model_id"] == name
     assert math.isclose(readings["vision_text_norm_ratio"], expected["ratio"], rel_tol=1e-5), \
         (readings["vision_text_norm_ratio"], expected["ratio"])
-    assert f"**{readings['vision_text_norm_ratio']:.3g}**" in entry["norms"]
+    shown = number(r"norm ratio at the LLM input: \*\*([\d.e+-]+)\*\*", entry["norms"])  # in bold
+    assert shown == pytest.approx(readings["vision_text_norm_ratio"], rel=5e-3)  # to 3 significant digits
     layers = readings["layers"]
     assert layers["index"] == list(range(expected["num_layers"] + 1))
     for modality in ("vision", "text"):

@@ -23,6 +23,7 @@ from llava_normaligned.diagnostics.runner import probe_model
 from llava_normaligned.diagnostics.theory import compare_rotation, tan_theta_eff, theta_eff
 from llava_normaligned.families.anatomy import AnatomyError
 from llava_normaligned.families.probe_points import locate
+from tests.support.messages import error_line, number
 from tests.support.numerics import kl_resolution
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -405,8 +406,11 @@ def test_prompt_longer_than_the_context_is_a_clear_error(tiny_model_dir, tmp_pat
     prompts.write_text("what colour is it?\n" + "red " * 600 + "\n")
     rc = main([tiny_model_dir, "--prompts", str(prompts), "--max-samples", "2", "--output-dir", str(tmp_path / "o")])
     assert rc == 2
-    err = capsys.readouterr().err
-    assert "line 2" in err and "longer than the model's context of 512 tokens" in err
+    refused = error_line(capsys.readouterr().err, "diagnose")
+    with open(os.path.join(tiny_model_dir, "config.json"), encoding="utf-8") as f:
+        context = json.load(f)["text_config"]["max_position_embeddings"]
+    assert number(r"on line (\d+) ", refused) == 2 and repr(str(prompts)) in refused, refused
+    assert number(r"context of (\d+) tokens", refused) == context and number(r"is (\d+) tokens", refused) > context
     assert not (tmp_path / "o").exists()
 
 
@@ -427,7 +431,8 @@ def test_loading_errors_exit_2_with_the_message(tiny_model_dir, tmp_path, capsys
     out = str(tmp_path / "out")
     if not torch.cuda.is_available():
         assert main([tiny_model_dir, "--device", "cuda", "--output-dir", out, "--no-plots"]) == 2
-        assert "'cuda' was requested but is not available" in capsys.readouterr().err
+        refused = error_line(capsys.readouterr().err, "diagnose")
+        assert "'cuda'" in refused and "not available" in refused
     assert main(["./no/such/model", "--estimate-memory"]) == 2
     assert "model './no/such/model': no such folder" in capsys.readouterr().err
     assert main([tiny_model_dir, "--estimate-memory", "--dtype", "float8"]) == 2

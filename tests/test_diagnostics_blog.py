@@ -14,6 +14,7 @@ import torch
 
 from llava_normaligned.commands.diagnose import main
 from llava_normaligned.diagnostics.readings import BLOG_TABLES, RULES, directions
+from tests.support.markdown import cell_rows, table_with
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -78,8 +79,13 @@ def test_summary_states_which_way_each_measurement_points(run):
         assert [d["key"] for d in numbers["directions"]] == [r.key for r in RULES]
         for d in numbers["directions"]:
             assert d["verdict"] in ("undecided", f"for the {d['side']}", f"against the {d['side']}")
-    for rule in RULES:
-        assert f"| {rule.claim} ({rule.side}) | {rule.measurement} | {rule.rule} |" in summary
+    table = table_with(summary, "claim (whose)")
+    assert [(row["claim (whose)"], row["measurement"], row["rule"]) for row in table] == [
+        (f"{rule.claim} ({rule.side})", rule.measurement, rule.rule) for rule in RULES]
+    for numbers in (document, document["baseline"]):  # each model's column: its verdicts, in bold
+        column = f"`{numbers['model_id']}`"
+        verdicts = [row[column].rpartition(": ")[2] for row in table]
+        assert verdicts == [f"**{d['verdict']}**" for d in numbers["directions"]]
 
 
 # ---------------------------------------------------------------------------------------------- which way
@@ -229,12 +235,15 @@ def test_compare_embeddings_gives_appendix_c_for_a_known_pair(embedding_pair, tm
     with open(os.path.join(out, "embedding_comparison.md"), encoding="utf-8") as f:
         table = f.read()
     assert table in printed
-    lines = table.splitlines()
+    rows = cell_rows(table)
     # the paper's Table 6 and Tables 7-8 layouts
-    assert "| Metric | Base | VL |" in lines and "| Rank | Token | L2 Norm | Token | L2 Norm |" in lines
-    assert f"| Mean Norm ($\\mu$) | {statistics.fmean(base_norms):.4f} | {statistics.fmean(kept):.4f} |" in lines
-    first = lines[lines.index("| Rank | Token | L2 Norm | Token | L2 Norm |") + 1]
-    assert first.startswith("| 1 | ") and first.endswith("| 2.0000 | " + first.split(" | ")[3] + " | 3.0000 |")
+    top = ["Rank", "Token", "L2 Norm", "Token", "L2 Norm"]
+    assert ["Metric", "Base", "VL"] in rows and top in rows
+    (mean,) = [row for row in rows if row[0].startswith("Mean Norm")]
+    assert [float(cell) for cell in mean[1:]] == pytest.approx([statistics.fmean(base_norms), statistics.fmean(kept)],
+                                                              abs=5e-5)
+    first = rows[rows.index(top) + 1]  # rank 1: the largest norm of each
+    assert first[0] == "1" and [float(first[2]), float(first[4])] == [BASE_NORMS_TOP[0], 3.0]
     assert "100.0000" not in table
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -15,6 +16,7 @@ from llava_normaligned.cli import main as cli_main
 from llava_normaligned.commands.eval import main
 from tests.support import eval_fixtures
 from tests.support.markdown import row_of, table_with
+from tests.support.messages import number
 
 FAST = ["--max-new-tokens", "3", "--batch-size", "2"]
 
@@ -182,6 +184,13 @@ RIGHT = {"pope": lambda idx, r: r.gold.capitalize() + ".", "mmbench_en_dev": lam
          "ai2d": lambda idx, r: r.gold}
 
 
+def _note(markdown: str, task: str) -> str:
+    """The bullet of results.md that speaks of ``task`` (by its name or its column)."""
+    notes = [line for line in markdown.splitlines() if line.startswith(f"- **{task}**: ")]
+    assert len(notes) == 1, markdown
+    return notes[0]
+
+
 def test_sample_errors_fail_or_mark_their_task_and_resume_checks_the_run(tiny_model_dir, tmp_path, monkeypatch,
                                                                          capsys):
     data = failing_copies(str(tmp_path / "data"))
@@ -201,8 +210,11 @@ def test_sample_errors_fail_or_mark_their_task_and_resume_checks_the_run(tiny_mo
     row = row_of(markdown, "Model", os.path.basename(tiny_model_dir))
     assert (row["Method"], row["MMBench<sub>dev</sub>"], row["POPE"], row["AI2D"], _avg(row)) == (
         "w/ Norm (w/ GWC)", "failed", "failed", "100.00", "100.00")
-    assert "- **pope**: failed: 2 of 6 samples raised errors" in markdown
-    assert "error: task mmbench_en_dev failed: 1 of 3 samples raised errors" in capsys.readouterr().err
+    pope_failed = _note(markdown, "pope")  # the reason results.json records
+    assert "failed" in pope_failed and first["failed_tasks"]["pope"] in pope_failed
+    said = [line for line in capsys.readouterr().err.splitlines() if "mmbench_en_dev" in line]
+    assert len(said) == 1 and "error" in said[0] and "failed" in said[0], said
+    assert [int(n) for n in re.search(r"(\d+) of (\d+) samples", said[0]).groups()] == [1, 3], said
 
     # a looser threshold: scored, marked, and still exit 1 without --allow-errors
     assert main([*args, "--overwrite", "--max-error-rate", "0.5"]) == 1
@@ -223,7 +235,10 @@ def test_sample_errors_fail_or_mark_their_task_and_resume_checks_the_run(tiny_mo
     row = row_of(markdown, "Model", os.path.basename(tiny_model_dir))  # POPE: its F1
     assert (row["MMBench<sub>dev</sub>"], row["POPE"], row["AI2D"], _avg(row)) == (
         "50.00†", "100.00†", "100.00", "83.33†")
-    assert "† counts samples that raised errors as wrong" in markdown and "2 sample errors (scored wrong)" in markdown
+    footnote = [line for line in markdown.splitlines() if line.startswith("† ")]
+    assert len(footnote) == 1 and "raised errors" in footnote[0] and "as wrong" in footnote[0], footnote
+    pope_note = _note(markdown, "POPE")
+    assert number(r"(\d+) sample errors", pope_note) == pope["n_errors"] and "scored wrong" in pope_note
 
     assert main(args) == 2  # an earlier run's folder is never overwritten silently
     capsys.readouterr()
@@ -345,4 +360,7 @@ def test_wrong_schema_fails_before_the_model_loads(tmp_path, capsys):
 def test_list_tasks(capsys):
     assert main(["--list-tasks"]) == 0
     listing = capsys.readouterr().out
-    assert "| pope | POPE | lmms-lab/POPE |  | test | generate | question_id, question, answer, category, image |" in listing
+    pope = row_of(listing, "task", "pope")
+    assert [pope[c] for c in ("Table 4 column", "Hub dataset", "config", "split", "kind")] == [
+        "POPE", "lmms-lab/POPE", "", "test", "generate"]
+    assert pope["columns"].split(", ") == ["question_id", "question", "answer", "category", "image"]

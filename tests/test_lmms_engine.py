@@ -9,6 +9,8 @@ from llava_normaligned.commands.eval import main
 from llava_normaligned.evaluation.lmms_engine import LMMS_TASKS, model_args, task_entry
 from llava_normaligned.evaluation.results_files import ResultsWriter, table_markdown
 from llava_normaligned.evaluation.runner import EvalConfig
+from tests.support.markdown import row_of
+from tests.support.messages import number
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -55,7 +57,12 @@ def test_lmms_results_become_the_table4_results(tmp_path):
     writer.task_failed("hellaswag", entries["hellaswag"])
     writer.close()
     table = table_markdown(writer.results)
-    assert "| m | w/o Norm | 80.00 | failed | 50.00 | 65.00 |" in table
+    row = row_of(table, "Model", "m")
+    (avg_header,) = [header for header in row if header.startswith("Avg")]
+    scores = [entries["pope"]["score"], entries["mmlu"]["score"]]
+    assert (row["Method"], row["HellaSwag"]) == ("w/o Norm", "failed")  # the failed task: no number, out of Avg
+    assert [float(row["POPE"]), float(row["MMLU"])] == pytest.approx(scores)
+    assert float(row[avg_header]) == pytest.approx(sum(scores) / 2) and number(r"\((\d+) of", avg_header) == 2
     assert LMMS_TASKS["pope"].note in (tmp_path / "results.md").read_text()
 
 

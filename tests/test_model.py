@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from modeling_llava_normaligned import (
     model_norm_target,
     text_embedding_norm_target,
 )
+from tests.support.messages import number
 from tests.support.numerics import F32_EPS, F64_EPS, assert_close_scaled
 
 VISION = dict(
@@ -288,6 +290,20 @@ def _drop_from_checkpoint(folder, predicate) -> list[str]:
     return dropped
 
 
+def _missing_weights_warning(caplog) -> str:
+    """The one warning ``from_pretrained`` logged of weights the checkpoint lacks."""
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "lacks" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    return said[0]
+
+
+def _convert_command(message: str) -> list[str]:
+    """The ``llava-normaligned convert`` command line a refusal suggests (in backticks), as its arguments."""
+    command = re.search(r"`(llava-normaligned convert [^`]*)`", message)
+    assert command, message
+    return command.group(1).split()
+
+
 def test_missing_weights_load_as_in_transformers_and_the_loader_refuses(tmp_path, seed, caplog):
     """The class follows transformers: a missing weight is initialised (the vision model's own init) and reported,
     with a warning naming the checkpoint; the package's loader, behind every command, refuses the checkpoint."""
@@ -303,7 +319,8 @@ def test_missing_weights_load_as_in_transformers_and_the_loader_refuses(tmp_path
     with _hf_warnings(caplog):
         model, info = LlavaNormAlignedForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
     assert info["missing_keys"] == {"model.vision_tower.encoder.layers.0.self_attn.q_proj.weight"}
-    assert f"checkpoint {str(tmp_path)!r} lacks 1 weight(s)" in caplog.text and "q_proj" in caplog.text
+    said = _missing_weights_warning(caplog)
+    assert repr(str(tmp_path)) in said and number(r"lacks (\d+) weight", said) == len(dropped) and "q_proj" in said
     # SigLIP initialises q_proj with xavier_uniform: std sqrt(2 / (64 + 64)) = 0.125; the generic init was std 0.02
     q_proj = model.model.vision_tower.encoder.layers[0].self_attn.q_proj.weight
     assert 0.11 < float(q_proj.detach().std()) < 0.14, float(q_proj.detach().std())
@@ -311,7 +328,8 @@ def test_missing_weights_load_as_in_transformers_and_the_loader_refuses(tmp_path
     caplog.clear()  # what a Hub user gets: the Auto class, the same code
     with _hf_warnings(caplog):
         AutoModelForImageTextToText.from_pretrained(tmp_path)
-    assert "lacks 1 weight(s), initialised at random" in caplog.text
+    said = _missing_weights_warning(caplog)
+    assert repr(str(tmp_path)) in said and number(r"lacks (\d+) weight", said) == len(dropped) and "at random" in said
 
     with pytest.raises(ValueError) as refused:
         load_model(str(tmp_path))
@@ -390,7 +408,8 @@ def test_stock_llava_checkpoints_are_refused_with_the_convert_hint(tmp_path, see
     with pytest.raises(ValueError, match=reason) as refused:
         model_class.from_pretrained(tmp_path)
     message = str(refused.value)
-    assert f"llava-normaligned convert --from-llava {tmp_path} --output-dir OUT" in message and "\n" not in message
+    assert "\n" not in message and _convert_command(message) == [
+        "llava-normaligned", "convert", "--from-llava", str(tmp_path), "--output-dir", "OUT"], message
 
 
 def test_a_legacy_state_dict_given_without_a_path_gets_a_hint_that_names_no_none(seed):
@@ -406,7 +425,8 @@ def test_a_legacy_state_dict_given_without_a_path_gets_a_hint_that_names_no_none
         LlavaNormAlignedForConditionalGeneration.from_pretrained(None, config=config, state_dict=state)
     message = str(refused.value)
     assert message.startswith("the given state_dict ") and "None" not in message, message
-    assert "--from-llava CHECKPOINT --output-dir OUT` from its folder or Hub id" in message, message
+    assert _convert_command(message)[2:] == ["--from-llava", "CHECKPOINT", "--output-dir", "OUT"], message
+    assert "Hub id" in message.rpartition("`")[2], message  # what to put for CHECKPOINT, after the command
 
 
 # ------------------------------------------------------------------------------------------------ GWC

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -189,7 +190,10 @@ def test_train_refuses_a_bad_variant_by_its_option(tiny_parts, tmp_path, capsys)
     with pytest.raises(SystemExit) as usage_error:
         main(_stage1(tiny_parts, tmp_path, "--config", str(recipe)))
     assert usage_error.value.code == 2
-    assert f"--config {recipe}: norm_init: 'zeros' is not one of target, default" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--config" in err and str(recipe) in err and "norm_init" in err and "'zeros'" in err, err
+    choices = re.search(r"not one of (\w+(?:, \w+)*)", err)
+    assert choices and choices.group(1).split(", ") == list(NORM_INITS), err
     assert not (tmp_path / "out").exists()
 
 

@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from tests.support.markdown import table_with
+
 BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -67,7 +69,16 @@ def test_post_training_after_stage2_runs_quick_and_its_record_adds_up(tmp_path, 
             assert block["real"]["per_seed"]["after"] == [r["post"][method]["accuracy"]["real"]["avg"] for r in mine]
     assert set(summary["gwc_minus_no_norm"]) == {"grpo", "dpo", "dpo_nll"}
     text = (out / "summary.md").read_text()
-    assert "| w/o Norm | GRPO |" in text and "| w/ Norm, target init (w/ GWC) | DPO + NLL |" in text
+    table = table_with(text, "method")
+    blocks = [(entry, method, block) for entry in summary["variants"].values()
+              for method, block in entry["methods"].items()]
+    assert [(row["variant"], row["method"]) for row in table] == [
+        (entry["name"], post_train.METHOD_NAMES[method]) for entry, method, _ in blocks]
+    assert {("w/o Norm", "GRPO"), ("w/ Norm, target init (w/ GWC)", "DPO + NLL")} <= {
+        (row["variant"], row["method"]) for row in table}
+    for row, (_, _, block) in zip(table, blocks):  # the ratio's means, before and after, as summary.md shows them
+        shown = [float(cell) for cell in row["vision/text norm ratio before / after"].split(" / ")]
+        assert shown == pytest.approx([block["norm_ratio"][when]["mean"] for when in ("before", "after")], abs=5e-4)
 
     # a second run in the same work folder reuses every finished piece; other settings there are refused
     assert post_train.main(argv) == 0

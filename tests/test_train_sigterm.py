@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from llava_normaligned.commands.shared import TERMINATED
+from tests.support.messages import error_line
 from tests.support.processes import send_or_skip, spawn_console, wait_after_signal
 from tests.support.training import write_llava_dataset
 
@@ -291,7 +292,8 @@ def test_enable_jit_checkpoint_is_refused_as_bad_input(tiny_model_dir, data, tmp
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("llava-normaligned")]
     assert rc == 2 and len(lines) == 1, err
-    assert lines[0].startswith("llava-normaligned train: error: --enable_jit_checkpoint: ") and "SIGTERM" in lines[0]
+    refused = error_line(err, "train")
+    assert refused.startswith("--enable_jit_checkpoint: ") and "SIGTERM" in refused
     assert not out.exists()
 
 

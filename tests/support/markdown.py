@@ -23,6 +23,13 @@ def tables(text: str) -> list[list[dict[str, str]]]:
     return found
 
 
+def cell_rows(text: str) -> list[list[str]]:
+    """Every pipe-table line of ``text`` as its cells, the ``---`` lines left out: for a table whose column names are
+    not its first line (the paper's layouts: a line naming the models, then the names of the columns as a row)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+    return [_cells(line) for line in lines if not set(line) <= set("|-: ")]
+
+
 def table_with(text: str, column: str) -> list[dict[str, str]]:
     """The first table of ``text`` that has ``column``; ``AssertionError`` naming the headers found without one."""
     for rows in tables(text):
@@ -41,4 +48,4 @@ def row_of(text: str, column: str, value: str) -> dict[str, str]:
     raise AssertionError(f"no row with {column} = {value!r}: {[row.get(column) for row in rows]}")
 
 
-__all__ = ["row_of", "table_with", "tables"]
+__all__ = ["cell_rows", "row_of", "table_with", "tables"]
