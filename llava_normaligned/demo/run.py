@@ -534,14 +534,8 @@ def run_variant(variant: Variant, parts: Parts, datasets: dict, test_rows, paths
     ratio["pre_norm_after_stage2"] = pre_norm_ratio(model, pixels)
     gains["after_stage2"] = gain_statistics(model)
 
-    _header(*position, variant.name, "scoring the test split (real and blank images)")
-    tic = time.perf_counter()
-    with compute_autocast(config):
-        scores = score_model(model.eval(), processor, test_rows, image_size=config.data.image_size,
-                             batch_size=config.eval_batch_size, progress=progress, desc=f"scoring {variant.key}")
-    seconds["scoring"] = time.perf_counter() - tic
-    layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
-    drift = text_drift_reading(model, parts) if config.real else None
+    scores, layers, drift, seconds["scoring"] = read_out(model, processor, parts, test_rows, config, progress,
+                                                         position, variant.name, variant.key)
     seconds["total"] = seconds["stage1"] + time.perf_counter() - start
     row = {
         "name": variant.name, "key": variant.key, "seed": seed, "training": variant.training_fields(),
@@ -572,19 +566,27 @@ def run_group(variants: list[Variant], parts: Parts, datasets: dict, test_rows, 
             for v, p, row in zip(variants, positions, rows)]
 
 
-def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
-              position: tuple[int, int], progress: bool, seed: int) -> dict:
-    """Stock ``LlavaForConditionalGeneration`` + stock TRL ``SFTTrainer``, one stage on the questions, as many steps
-    as a variant's two stages together. The projector and the LLM train at the stage-2 rate; the vision tower is
-    frozen (LLaVA-1.5's own recipe; stock TRL has one learning rate for every part). Answer-only loss through TRL's
-    own ``assistant_only_loss`` (the chat template marks the answers with ``{% generation %}``)."""
-    from trl import SFTTrainer
+def read_out(model, processor, parts: Parts, test_rows, config: DemoConfig, progress: bool,
+             position: tuple[int, int], name: str, key: str):
+    """A trained run's readings: its answers on the test split (real and blank images), the per-layer profile and,
+    with a real LLM, the text drift. Returns the scores, the layers, the drift (None with the tiny LLM) and the
+    seconds scoring took."""
+    _header(*position, name, "scoring the test split (real and blank images)")
+    tic = time.perf_counter()
+    with compute_autocast(config):
+        scores = score_model(model.eval(), processor, test_rows, image_size=config.data.image_size,
+                             batch_size=config.eval_batch_size, progress=progress, desc=f"scoring {key}")
+    scoring = time.perf_counter() - tic
+    layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
+    drift = text_drift_reading(model, parts) if config.real else None
+    return scores, layers, drift, scoring
 
-    from llava_normaligned.trainer.callbacks import NormTrackingCallback, norm_records
 
-    folder = paths.run(STOCK_KEY, seed)
-    steps = config.stage1_steps + config.stage2_steps
-    start = time.perf_counter()
+def stock_model(parts: Parts, test_rows, config: DemoConfig, seed: int):
+    """The stock row's model: stock ``LlavaForConditionalGeneration`` with the w/o Norm row's weights at ``seed``
+    (the same projector draw, scaled to ``config.norm_gap``), its vision tower frozen; with a real LLM, the chat
+    template marked for TRL's ``assistant_only_loss``. Returns the model, its processor, the probe images' pixels
+    and the norm gap set (None: as drawn)."""
     torch.manual_seed(seed)
     norm_aligned, processor = compose_variant(parts, VARIANTS[0], seed=seed)
     pixels = probe_pixels(processor, test_rows, config.probe_images)
@@ -600,6 +602,23 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
 
         processor.chat_template = multimodal_chat_template(marked_chat_template(processor.tokenizer),
                                                            processor.tokenizer)
+    return model, processor, pixels, gap
+
+
+def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config: DemoConfig,
+              position: tuple[int, int], progress: bool, seed: int) -> dict:
+    """Stock ``LlavaForConditionalGeneration`` + stock TRL ``SFTTrainer``, one stage on the questions, as many steps
+    as a variant's two stages together. The projector and the LLM train at the stage-2 rate; the vision tower is
+    frozen (LLaVA-1.5's own recipe; stock TRL has one learning rate for every part). Answer-only loss through TRL's
+    own ``assistant_only_loss`` (the chat template marks the answers with ``{% generation %}``)."""
+    from trl import SFTTrainer
+
+    from llava_normaligned.trainer.callbacks import NormTrackingCallback, norm_records
+
+    folder = paths.run(STOCK_KEY, seed)
+    steps = config.stage1_steps + config.stage2_steps
+    start = time.perf_counter()
+    model, processor, pixels, gap = stock_model(parts, test_rows, config, seed)
     ratio = {"init": norm_ratio(model, pixels), "pre_norm_init": pre_norm_ratio(model, pixels)}
     layers_init = layer_profile(model, processor, test_rows, config.layer_probe_images)
 
@@ -623,19 +642,11 @@ def run_stock(parts: Parts, datasets: dict, test_rows, paths: DemoPaths, config:
     ratio["after_stage2"] = norm_ratio(model, pixels)  # one stage: reported in the end-of-training column
     ratio["pre_norm_after_stage2"] = pre_norm_ratio(model, pixels)
 
-    _header(*position, STOCK_NAME, "scoring the test split (real and blank images)")
-    tic = time.perf_counter()
-    with compute_autocast(config):
-        scores = score_model(model.eval(), processor, test_rows, image_size=config.data.image_size,
-                             batch_size=config.eval_batch_size, progress=progress, desc="scoring stock")
-    seconds["scoring"] = time.perf_counter() - tic
-    layers = layer_profile(model, processor, test_rows, config.layer_probe_images)
-    drift = text_drift_reading(model, parts) if config.real else None
+    scores, layers, drift, seconds["scoring"] = read_out(model, processor, parts, test_rows, config, progress,
+                                                         position, STOCK_NAME, STOCK_KEY)
     seconds["total"] = time.perf_counter() - start
     row = {
-        "name": STOCK_NAME,
-        "key": STOCK_KEY,
-        "seed": seed,
+        "name": STOCK_NAME, "key": STOCK_KEY, "seed": seed,
         "training": {"max_grad_norm": args.max_grad_norm, "clip_per_part": False},
         "layers": layers,
         "layers_init": layers_init,
