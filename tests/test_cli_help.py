@@ -41,6 +41,16 @@ def test_the_key_follows_the_sources_and_versions(monkeypatch):
     assert help_cache.help_key("train") != key
 
 
+def test_another_checkout_of_the_package_has_its_own_key(monkeypatch, tmp_path):
+    """Two checkouts (or environments) share ``~/.cache``: one's text is not printed for the other."""
+    import llava_normaligned
+    from llava_normaligned.commands.shared import help_cache
+
+    key = help_cache.help_key("train")
+    monkeypatch.setattr(llava_normaligned, "__file__", str(tmp_path / "llava_normaligned" / "__init__.py"))
+    assert help_cache.help_key("train") != key
+
+
 def test_the_sources_checked_are_where_python_imported_them_from():
     """In an editable checkout ``llava_normaligned.trainer`` is the top-level ``trainer/`` (pyproject.toml's
     package-dir): its folder is among those a help text is checked against, each folder once."""

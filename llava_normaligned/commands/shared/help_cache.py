@@ -29,12 +29,13 @@ OWN_PACKAGES = ("llava_normaligned", "modeling_llava_normaligned")
 
 
 def help_key(name: str) -> str:
-    """A digest of what ``name --help`` is wrapped to and lists options of: the name, the terminal's width and the
-    installed versions of the packages whose options it lists. The sources it is built from are checked apart
-    (``source_digest``)."""
+    """A digest of what ``name --help`` is wrapped to and lists options of: the name, where this package is (two
+    checkouts or environments share the cache), the terminal's width and the installed versions of the packages
+    whose options it lists. The sources it is built from are checked apart (``source_digest``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     digest = hashlib.blake2b(name.encode(), digest_size=12)
+    digest.update(f"package={os.path.abspath(sys.modules[OWN_PACKAGES[0]].__file__)};".encode())
     digest.update(f"columns={shutil.get_terminal_size().columns};".encode())  # argparse wraps the text to this width
     for package in HELP_DEPENDS_ON:
         try:
