@@ -241,7 +241,7 @@ def test_compare_embeddings_gives_appendix_c_for_a_known_pair(embedding_pair, tm
     assert ["Metric", "Base", "VL"] in rows and top in rows
     (mean,) = [row for row in rows if row[0].startswith("Mean Norm")]
     assert [float(cell) for cell in mean[1:]] == pytest.approx([statistics.fmean(base_norms), statistics.fmean(kept)],
-                                                              abs=5e-5)
+                                                              abs=6e-5)  # printed to 4 decimals
     first = rows[rows.index(top) + 1]  # rank 1: the largest norm of each
     assert first[0] == "1" and [float(first[2]), float(first[4])] == [BASE_NORMS_TOP[0], 3.0]
     assert "100.0000" not in table
