@@ -1,6 +1,6 @@
 """The CPU demo: the paper's comparison (Li et al., arXiv 2512.08374, Tables 4 and 5) at CPU scale, one command.
 
-    llava-normaligned demo --output-dir ./demo            # 3 seeds x 8 rows: about 3-7 minutes on 2 CPU cores (measured 185-417 s)
+    llava-normaligned demo --output-dir ./demo            # 3 seeds x 8 rows: about 2-7 minutes on 2 CPU cores (measured 147-417 s)
     llava-normaligned demo --output-dir ./demo-ci --quick # about 20-40 s on 2 CPU cores (measured 20-38 s): 2 x 8 runs, for CI
 
 Nothing is downloaded. In order:
