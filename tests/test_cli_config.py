@@ -14,7 +14,7 @@ from llava_normaligned.commands import COMMANDS, module_name
 from llava_normaligned.commands.shared import CommandParser
 from llava_normaligned.compat import parser_actions
 from llava_normaligned.loading import QUANTIZATION_MODES
-
+from tests.support.messages import error_line, one_line
 
 # the commands, and the check run in a vLLM environment as ``python -m llava_normaligned.commands.vllm_check``
 MODULES = {**{name: module_name(name) for name in COMMANDS}, "vllm_check": "llava_normaligned.commands.vllm_check"}
@@ -61,6 +61,18 @@ def test_a_required_option_may_come_from_the_file(tmp_path):
     assert args.output_dir == str(tmp_path / "run") and args.num_seeds == 2 and args.quick is True
 
 
+def _generate_refusal(config, capsys) -> str:
+    """``generate`` run with ``--config config``: a usage error (exit code 2) in one line, which is returned."""
+    try:
+        code = main(["generate", "M", "--prompt", "hi", "--config", str(config)])
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    one_line(err)
+    return error_line(err, "generate")
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("max_new_token: 7\n", "'max_new_token' is no option of llava-normaligned generate"),
     ("max-new-tokens: many\n", "max-new-tokens: invalid literal"),
@@ -70,14 +82,8 @@ def test_a_required_option_may_come_from_the_file(tmp_path):
 def test_a_bad_file_is_one_line_naming_it(text, says, tmp_path, capsys):
     config = tmp_path / "bad.yaml"
     config.write_text(text)
-    try:
-        code = main(["generate", "M", "--prompt", "hi", "--config", str(config)])
-    except SystemExit as stop:
-        code = stop.code
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert code == 2 and len(err) == 1, err
-    assert err[0].startswith("llava-normaligned generate: error: ") and says in err[0], err
-    assert "--config" in err[0] and str(config) in err[0], err
+    said = _generate_refusal(config, capsys)
+    assert says in said and "--config" in said and str(config) in said, said
 
 
 def test_several_files_merge_in_order_as_train_s_recipes_do(tmp_path):
@@ -190,16 +196,11 @@ def test_a_file_s_value_means_what_the_command_line_would(name, argv, text, expe
 def test_a_value_no_switch_sets_is_one_line_naming_the_file(tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text("quantization: 3bit\n")
-    try:
-        code = main(["generate", "M", "--prompt", "hi", "--config", str(config)])
-    except SystemExit as stop:
-        code = stop.code
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert code == 2 and len(err) == 1, err
-    assert "--config" in err[0] and str(config) in err[0], err  # the file, then the key and its value
-    assert "quantization" in err[0] and "'3bit'" in err[0], err
-    choices = re.search(r"not one of (\w+(?:, \w+)*)", err[0])
-    assert choices and choices.group(1).split(", ") == list(QUANTIZATION_MODES), err
+    said = _generate_refusal(config, capsys)
+    assert "--config" in said and str(config) in said, said  # the file, then the key and its value
+    assert "quantization" in said and "'3bit'" in said, said
+    choices = re.search(r"not one of (\w+(?:, \w+)*)", said)
+    assert choices and choices.group(1).split(", ") == list(QUANTIZATION_MODES), said
 
 
 def test_a_recipe_s_spelling_still_brings_back_its_notice(tmp_path):
