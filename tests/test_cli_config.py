@@ -231,3 +231,15 @@ def test_a_command_that_redefines_a_shared_option_keeps_its_place_and_default():
 def test_parse_config_without_a_config_class_says_what_is_missing():
     with pytest.raises(TypeError, match="config_class"):
         CommandParser(prog="llava-normaligned x").parse_config([])
+
+
+def test_vllm_check_refuses_a_missing_image_in_one_usage_line(tmp_path, capsys):
+    """Checked before vLLM is imported, so it runs where vLLM is not installed."""
+    from llava_normaligned.commands import vllm_check
+
+    missing = tmp_path / "nope.png"
+    with pytest.raises(SystemExit) as stop:
+        vllm_check.main(["M", "--output", str(tmp_path / "o.json"), "--image", str(missing), "--prompt", "hi"])
+    said = one_line(capsys.readouterr().err)
+    assert stop.value.code == 2 and said.startswith(f"{vllm_check.PROG}: error: --image ") and str(missing) in said
+    assert not (tmp_path / "o.json").exists()

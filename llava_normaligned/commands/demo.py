@@ -45,6 +45,12 @@ _FULL, _QUICK = DemoConfig.full(), DemoConfig.quick()  # the defaults the option
 _REAL, _REAL_QUICK = REAL_LLM_FULL, REAL_LLM_QUICK
 
 
+def _defaults(name: str) -> str:
+    """An option's four defaults as its help states them: the tiny demo's, --quick's, and with --text-model."""
+    return (f"default {getattr(_FULL, name)}, --quick {getattr(_QUICK, name)}; with --text-model {_REAL[name]}, "
+            f"--quick {_REAL_QUICK[name]}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions:
     """``demo``'s options, read into the run's ``DemoConfig`` by ``config_from_args`` (None: the default of the run
@@ -72,18 +78,14 @@ class DemoOptions:
     # steps, batch, the norm gap, the device and the data set's size: each help names its defaults
     stage1_steps: int | None = option(
         "--stage1-steps", type=int, default=None,
-        help=f"stage-1 steps a run (captions; projector and norm train): default {_FULL.stage1_steps}, --quick "
-             f"{_QUICK.stage1_steps}; with --text-model {_REAL['stage1_steps']}, --quick "
-             f"{_REAL_QUICK['stage1_steps']}")
+        help=f"stage-1 steps a run (captions; projector and norm train): {_defaults('stage1_steps')}")
     stage2_steps: int | None = option(
         "--stage2-steps", type=int, default=None,
-        help=f"stage-2 steps a run (questions; every part trains): default {_FULL.stage2_steps}, --quick "
-             f"{_QUICK.stage2_steps}; with --text-model {_REAL['stage2_steps']}, --quick "
-             f"{_REAL_QUICK['stage2_steps']}. The stock row trains stage 1 + stage 2 steps in one stage")
+        help=f"stage-2 steps a run (questions; every part trains): {_defaults('stage2_steps')}. The stock row trains "
+             "stage 1 + stage 2 steps in one stage")
     batch_size: int | None = option(
         "--batch-size", type=int, default=None,
-        help=f"training rows a step, both stages: default {_FULL.batch_size}, --quick {_QUICK.batch_size}; with "
-             f"--text-model {_REAL['batch_size']}, --quick {_REAL_QUICK['batch_size']}")
+        help=f"training rows a step, both stages: {_defaults('batch_size')}")
     norm_gap: float | None = option(
         "--norm-gap", type=float, default=None, metavar="X",
         help="the image tokens' norm at the LLM input before training, without the norm layer, as X times the LLM's "

@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .shared import CommandParser, fail, option
+from .shared import CommandParser, option
 
 PROG = "python -m llava_normaligned.commands.vllm_check"
 
@@ -113,12 +113,13 @@ def checkpoint_name_map(model_dir: str) -> dict[str, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_config(argv)
-    if not args.init_only:
+    parser = make_parser()
+    args = parser.parse_config(argv)
+    if not args.init_only:  # a usage error: one line, exit code 2
         if args.image is None or args.prompt is None:
-            return fail("vllm_check", "--image and --prompt are needed (unless --init-only)")
+            parser.error("--image and --prompt are needed (unless --init-only)")
         if not os.path.isfile(args.image):
-            return fail("vllm_check", f"--image {args.image!r}: no such file")
+            parser.error(f"--image {args.image!r}: no such file")
 
     if args.init_only:
         with open(args.output, "w") as handle:
